@@ -1,0 +1,22 @@
+# The README's two commands: `make run` (main job) and `make test` (test suite).
+# Both run tools/setup.sh first, which installs whatever is missing and is quick otherwise.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+HOROVODRUN := $(VENV)/bin/horovodrun
+NP ?= 2
+OUT ?= runs/default
+
+.PHONY: setup run test lint bench-select
+
+setup:
+	@bash tools/setup.sh
+
+run: setup
+	OMP_NUM_THREADS=1 $(HOROVODRUN) -np $(NP) -H localhost:$(NP) --gloo \
+		$(PY) -m train --out $(OUT)
+
+test: setup
+	$(PY) -m pytest -q
+
+lint: setup
+	$(VENV)/bin/ruff check horovod_micro train tests bench

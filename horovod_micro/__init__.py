@@ -1,0 +1,28 @@
+"""horovod-micro: MiCRO gradient sparsification as a drop-in Horovod DistributedOptimizer.
+
+    import horovod.torch as hvd
+    import horovod_micro as hvm
+
+    hvd.init()
+    opt = hvm.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                   compression=hvm.Compression.micro(density=0.001))
+"""
+
+from .compression import Compression
+from .exchange import CollectiveInputError
+from .optimizer import DistributedOptimizer
+from .sparsifiers.base import SparseGradient, Sparsifier
+from .stats import StatsLog, StepStats
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CollectiveInputError",
+    "Compression",
+    "DistributedOptimizer",
+    "SparseGradient",
+    "Sparsifier",
+    "StatsLog",
+    "StepStats",
+    "__version__",
+]

@@ -1,0 +1,174 @@
+"""Sparse collectives built from Horovod's own operations (never patched).
+
+Every exchange starts with one variable-size ``allgather`` of an int32 block per rank::
+
+    [status, count, i_1 ... i_count]      (int64 blocks when N >= 2**31)
+
+* the two-element header means no rank ever contributes an empty tensor (an empty
+  contribution breaks other libraries' collectives on Gloo) and gives every rank every
+  other rank's count and status with no extra message;
+* ``status`` carries per-rank conditions that must be acted on collectively (NaN/Inf in
+  the gradient, a gradient this method cannot take): a rank that finds a problem still
+  takes part in the collective, and then every rank raises or reacts identically, so one
+  rank's bad input never leaves the others waiting.
+
+Exact variable-size gathers, not fixed-capacity padded buffers: measured on 2 Gloo ranks
+here (``bench/collective_shapes.py``, BENCHMARKS.md), a shape that changes every step costs
+about 1.4 ms more median latency (Horovod's response cache misses) but the same mean,
+while padding to a capacity would send up to the capacity's slack in extra bytes every
+step. The byte bar of the project (within 1.2x of ideal) favours exact sizes.
+
+Bytes are accounted with the ring model of :mod:`horovod_micro.stats`.
+"""
+
+from __future__ import annotations
+
+import pickle
+import time
+from dataclasses import dataclass, field
+
+import horovod.torch as hvd
+import torch
+
+from .stats import ring_allgather_bytes, ring_allreduce_bytes, ring_broadcast_bytes
+
+# Status codes carried in the block header. Non-zero codes above NONFINITE are errors.
+OK = 0
+NONFINITE = 1
+SPARSE_GRADIENT = 2
+STATUS_MESSAGES = {
+    NONFINITE: "gradient holds NaN or Inf",
+    SPARSE_GRADIENT: "a gradient is a sparse tensor (e.g. nn.Embedding(sparse=True)); "
+    "sparse compressors need dense gradients: use sparse=False",
+}
+
+
+class CollectiveInputError(RuntimeError):
+    """A rank reported, through the exchange, an input that no rank can proceed with."""
+
+
+@dataclass
+class Traffic:
+    """Bytes and seconds spent in collectives during one exchange on this rank."""
+
+    sent: int = 0
+    received: int = 0
+    seconds: float = 0.0
+
+    def add(self, sent_received: tuple[int, int]) -> None:
+        self.sent += sent_received[0]
+        self.received += sent_received[1]
+
+
+@dataclass
+class Comm:
+    """The process set an optimizer exchanges over, and names for its collectives.
+
+    Horovod matches collectives across ranks by name; a fixed name per role lets its
+    response cache recognise the same operation every step.
+    """
+
+    process_set: hvd.ProcessSet = field(default_factory=lambda: hvd.global_process_set)
+    prefix: str = "hvm"
+
+    @property
+    def rank(self) -> int:
+        return self.process_set.rank()
+
+    @property
+    def size(self) -> int:
+        return self.process_set.size()
+
+    def name(self, role: str) -> str:
+        return f"{self.prefix}.{role}"
+
+
+@dataclass
+class Gathered:
+    """Every rank's selected indices, as gathered by :func:`gather_indices`."""
+
+    per_rank: list[torch.Tensor]
+    statuses: list[int]
+
+    @property
+    def counts(self) -> list[int]:
+        return [int(t.numel()) for t in self.per_rank]
+
+    def nonfinite(self) -> bool:
+        return any(s == NONFINITE for s in self.statuses)
+
+    def raise_errors(self) -> None:
+        """Raise the same error on every rank if any rank reported one."""
+        problems = [
+            f"rank {r}: {STATUS_MESSAGES.get(s, f'status {s}')}"
+            for r, s in enumerate(self.statuses)
+            if s not in (OK, NONFINITE)
+        ]
+        if problems:
+            raise CollectiveInputError("; ".join(problems))
+
+
+def gather_indices(comm: Comm, indices: torch.Tensor, status: int, traffic: Traffic,
+                   role: str = "indices") -> Gathered:
+    """Allgather every rank's ``indices`` (1-D, any length, int32 or int64) with a status."""
+    header = torch.tensor([status, indices.numel()], dtype=indices.dtype, device=indices.device)
+    block = torch.cat([header, indices])
+    start = time.perf_counter()
+    gathered = hvd.allgather(block, name=comm.name(role), process_set=comm.process_set)
+    traffic.seconds += time.perf_counter() - start
+
+    host = gathered if gathered.device.type == "cpu" else gathered.cpu()
+    per_rank, statuses, sizes = [], [], []
+    pos = 0
+    for _ in range(comm.size):
+        rank_status, count = int(host[pos]), int(host[pos + 1])
+        statuses.append(rank_status)
+        per_rank.append(gathered[pos + 2 : pos + 2 + count])
+        sizes.append((count + 2) * block.element_size())
+        pos += 2 + count
+    traffic.add(ring_allgather_bytes(sizes, comm.rank))
+    return Gathered(per_rank, statuses)
+
+
+def allreduce_values(comm: Comm, values: torch.Tensor, traffic: Traffic, op,
+                     prescale: float, postscale: float, role: str = "values") -> torch.Tensor:
+    """Sum (or average, with ``op=hvd.Average``) ``values`` across ranks, in place."""
+    if values.numel() == 0:
+        return values
+    start = time.perf_counter()
+    hvd.allreduce_(values, name=comm.name(role), op=op, prescale_factor=prescale,
+                   postscale_factor=postscale, process_set=comm.process_set)
+    traffic.seconds += time.perf_counter() - start
+    traffic.add(ring_allreduce_bytes(values.numel() * values.element_size(), comm.size))
+    return values
+
+
+def allgather_values(comm: Comm, values: torch.Tensor, counts: list[int], traffic: Traffic,
+                     role: str = "pair-values") -> torch.Tensor:
+    """Allgather per-rank value vectors whose lengths ``counts`` are already known."""
+    start = time.perf_counter()
+    gathered = hvd.allgather(values, name=comm.name(role), process_set=comm.process_set)
+    traffic.seconds += time.perf_counter() - start
+    traffic.add(ring_allgather_bytes([c * values.element_size() for c in counts], comm.rank))
+    return gathered
+
+
+def broadcast_tensor(comm: Comm, tensor: torch.Tensor, root: int, traffic: Traffic,
+                     role: str = "broadcast") -> torch.Tensor:
+    """Broadcast ``tensor`` (same shape on every rank) from set-rank ``root``, in place."""
+    start = time.perf_counter()
+    hvd.broadcast_(tensor, root_rank=root, name=comm.name(role), process_set=comm.process_set)
+    traffic.seconds += time.perf_counter() - start
+    traffic.add(ring_broadcast_bytes(tensor.numel() * tensor.element_size(), comm.rank, root,
+                                     comm.size))
+    return tensor
+
+
+def allgather_object(comm: Comm, obj) -> list:
+    """Every rank's picklable ``obj``, by rank (``hvd.allgather_object`` of Horovod 0.28
+    takes no process set)."""
+    payload = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
+    sizes = hvd.allgather(torch.tensor([payload.numel()]), name=comm.name("object-sizes"),
+                          process_set=comm.process_set).tolist()
+    data = hvd.allgather(payload, name=comm.name("object"), process_set=comm.process_set)
+    return [pickle.loads(chunk.numpy().tobytes()) for chunk in torch.split(data, sizes)]

@@ -1,0 +1,362 @@
+"""``horovod_micro.DistributedOptimizer``: Horovod's optimizer contract, sparse exchange inside.
+
+Switching a Horovod script is one line::
+
+    opt = hvm.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                   compression=hvm.Compression.micro(density=0.001))
+
+Like ``hvd.DistributedOptimizer`` the returned object is an instance of a class made at
+run time from the wrapped optimizer's class, so it *is* an ``SGD``/``Adam``/... and
+``step`` ends in the real optimizer's ``step``. The methods below are merged into that
+class; they reach the real optimizer with ``super(self.__class__, self)`` (a bare
+``super()`` cannot work in a class assembled with ``type``). We do not subclass Horovod's
+own class: its methods also use ``super(self.__class__, self)``, which would recurse.
+
+Two exchange paths:
+
+* dense compressors (``hvm.Compression.none``/``fp16``, or Horovod's own
+  ``hvd.Compression.none``/``fp16``): Horovod's behaviour. A hook per parameter starts
+  ``hvd.allreduce_async_`` as soon as the gradient is final, overlapping communication
+  with the rest of the backward pass, optionally grouped (``groups``/``num_groups``).
+* sparse compressors (``hvm.Compression.micro`` and the baselines): the whole model's
+  gradient is one flat vector, exchanged once per step in ``synchronize()`` by
+  :class:`~horovod_micro.reducer.SparseReducer`. Hooks only count backward passes.
+
+Arguments are checked collectively when the optimizer is built: every rank validates its
+own arguments, the ranks allgather what they found together with their parameter
+signatures and compressor settings, and then *every* rank raises the same error if any
+rank's input is wrong or the ranks disagree. A mistake on one rank never leaves the
+others waiting in a collective.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+import warnings
+from collections.abc import Callable, Iterable
+from contextlib import contextmanager
+
+import horovod.torch as hvd
+import torch
+
+from .compression import Compression, is_dense_compressor
+from .exchange import Comm
+from .reducer import FlatLayout, SparseReducer
+from .sparsifiers.base import Reduction, Sparsifier
+from .stats import StepStats, ring_allreduce_bytes
+from .validation import check_collectively
+
+_STATE_KEY = "horovod_micro"
+_optimizer_ids = itertools.count()
+
+
+class _DistributedOptimizer(torch.optim.Optimizer):
+    """Methods merged into the run-time class; see :func:`DistributedOptimizer`."""
+
+    def __init__(self, params, named_parameters, compression, backward_passes_per_step=1,
+                 op=hvd.Average, gradient_predivide_factor=1.0, groups=None,
+                 sparse_as_dense=False, process_set=hvd.global_process_set,
+                 stats_callback=None):
+        super(self.__class__, self).__init__(params)
+        self._compression = compression
+        self.backward_passes_per_step = backward_passes_per_step
+        self.op = op
+        self.gradient_predivide_factor = gradient_predivide_factor
+        self.sparse_as_dense = sparse_as_dense
+        self.process_set = process_set
+        self.stats_callback = stats_callback
+        self.last_stats: StepStats | None = None
+        self._synchronized = False
+        self._should_synchronize = True
+        self._handles: dict = {}
+        self._passes: dict = {}
+        self._hooks: list = []
+        self._reducer: SparseReducer | None = None
+
+        if not process_set.included():
+            raise ValueError(
+                f"rank {hvd.rank()} is not in the process set passed to DistributedOptimizer "
+                f"(process set ranks: {process_set.ranks}); build the optimizer only on the "
+                "ranks of its process set")
+        self._comm = Comm(process_set, prefix=f"hvm{next(_optimizer_ids)}")
+        try:
+            named = _name_parameters(self.param_groups, named_parameters)
+            self._argument_errors = []
+        except ValueError as error:  # reported collectively below, not raised here
+            named = _name_parameters(self.param_groups, None)
+            self._argument_errors = [str(error)]
+        self._layout = FlatLayout([(n, p) for n, p in named if p.requires_grad])
+        self._parameter_names = {p: n for n, p in named}
+        self._groups = None
+        check_collectively(self, named, groups)
+        if not self._sparse:
+            self._groups = _resolve_groups(groups, self._layout)
+
+        if self._sparse:
+            self._reducer = SparseReducer(
+                self._layout, compression, self._comm,
+                Reduction(op, 1.0 / gradient_predivide_factor if op == hvd.Average else 1.0,
+                          gradient_predivide_factor if op == hvd.Average else 1.0),
+                stats_callback=self._record)
+        if self._sparse or process_set.size() > 1 or os.environ.get("HOROVOD_ELASTIC") == "1":
+            self._register_hooks()
+
+    # ----- what kind of exchange ----------------------------------------------------------
+    @property
+    def _sparse(self) -> bool:
+        return isinstance(self._compression, Sparsifier)
+
+    @property
+    def compression(self):
+        """The compressor (for sparse methods: its threshold, density, state)."""
+        return self._compression
+
+    # ----- hooks ------------------------------------------------------------------------
+    def _register_hooks(self) -> None:
+        for p in self._layout.params:
+            self._passes[p] = 0
+            self._hooks.append(p.register_post_accumulate_grad_hook(self._make_hook()))
+
+    def _make_hook(self):
+        def hook(p):
+            if self._passes[p] >= self.backward_passes_per_step:
+                raise AssertionError(
+                    "Gradients were computed more than backward_passes_per_step times before "
+                    "call to step(). Increase backward_passes_per_step to accumulate "
+                    "gradients locally.")
+            self._passes[p] += 1
+            if not self._sparse and self._passes[p] == self.backward_passes_per_step:
+                self._start_dense(p)
+        return hook
+
+    def _start_dense(self, p) -> None:
+        group = self._groups.get(p) if self._groups else None
+        if group is None:
+            self._handles[p] = self._allreduce_async(p)
+            return
+        done = [q for q in group if self._passes.get(q, 0) >= self.backward_passes_per_step]
+        if len(done) == len(group) and group not in self._handles:
+            self._handles[group] = self._grouped_allreduce_async(group)
+
+    def _scale_factors(self) -> tuple[float, float]:
+        if self.op == hvd.Average:
+            return 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
+        return 1.0, 1.0
+
+    def _dense_grad(self, p) -> torch.Tensor:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        elif p.grad.is_sparse:
+            p.grad = p.grad.to_dense()
+        return p.grad
+
+    def _allreduce_async(self, p):
+        compressed, ctx = self._compression.compress(self._dense_grad(p))
+        pre, post = self._scale_factors()
+        handle = hvd.allreduce_async_(compressed, name=f"{self._comm.prefix}.{self._parameter_names[p]}",
+                                      op=self.op, prescale_factor=pre, postscale_factor=post,
+                                      process_set=self.process_set)
+        return handle, ctx, compressed
+
+    def _grouped_allreduce_async(self, group):
+        pairs = [self._compression.compress(self._dense_grad(p)) for p in group]
+        tensors = [t for t, _ in pairs]
+        pre, post = self._scale_factors()
+        handle = hvd.grouped_allreduce_async_(
+            tensors, name=f"{self._comm.prefix}.group.{self._parameter_names[group[0]]}",
+            op=self.op, prescale_factor=pre, postscale_factor=post,
+            process_set=self.process_set)
+        return handle, [c for _, c in pairs], tensors
+
+    # ----- synchronize / step -------------------------------------------------------------
+    def synchronize(self) -> None:
+        """Exchange the gradients now (``step()`` calls this unless inside
+        ``skip_synchronize()``)."""
+        if self._sparse:
+            self._reducer.reduce()
+        elif self.process_set.size() > 1 or self._hooks:
+            self._synchronize_dense()
+        for p in self._passes:
+            self._passes[p] = 0
+        self._synchronized = True
+
+    def _synchronize_dense(self) -> None:
+        start = time.perf_counter()
+        covered = set()
+        for key in self._handles:
+            covered.update(key if isinstance(key, tuple) else (key,))
+        for p in self._layout.params:
+            if p in covered:
+                continue
+            group = self._groups.get(p) if self._groups else None
+            if group is None:
+                self._handles[p] = self._allreduce_async(p)
+            elif group not in self._handles:
+                self._handles[group] = self._grouped_allreduce_async(group)
+            covered.update(group or (p,))
+        nbytes = 0
+        for key, (handle, ctx, sent) in self._handles.items():
+            outputs = hvd.synchronize(handle)
+            params = key if isinstance(key, tuple) else (key,)
+            outputs = outputs if isinstance(key, tuple) else [outputs]
+            ctxs = ctx if isinstance(key, tuple) else [ctx]
+            tensors = sent if isinstance(key, tuple) else [sent]
+            for p, out, c, t in zip(params, outputs, ctxs, tensors):
+                p.grad.set_(self._compression.decompress(out, c))
+                nbytes += t.numel() * t.element_size()
+        self._handles.clear()
+        numel = self._layout.numel
+        sent, received = ring_allreduce_bytes(nbytes, self.process_set.size())
+        self._record(StepStats(
+            iteration=self.last_stats.iteration + 1 if self.last_stats else 0,
+            method=getattr(self._compression, "name", type(self._compression).__name__),
+            numel=numel, target_count=numel, threshold=None,
+            rank_counts=[numel] * self.process_set.size(), global_count=numel, density=1.0,
+            target_density=1.0, bytes_sent=sent, bytes_received=received,
+            comm_time=time.perf_counter() - start))
+
+    def _record(self, stats: StepStats) -> None:
+        self.last_stats = stats
+        if self.stats_callback is not None:
+            self.stats_callback(stats)
+
+    @contextmanager
+    def skip_synchronize(self):
+        """``optimizer.synchronize(); with optimizer.skip_synchronize(): optimizer.step()``."""
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
+
+    def step(self, closure=None):
+        if self._should_synchronize:
+            if self._synchronized:
+                warnings.warn("optimizer.step() called without optimizer.skip_synchronize() "
+                              "context after optimizer.synchronize(). This can cause training "
+                              "slowdown. You may want to consider using "
+                              "optimizer.skip_synchronize() context if you use "
+                              "optimizer.synchronize() in your code.", stacklevel=2)
+            self.synchronize()
+        self._synchronized = False
+        return super(self.__class__, self).step(closure)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        if self._handles or any(self._passes.values()):
+            raise AssertionError("optimizer.zero_grad() was called after loss.backward() "
+                                 "but before optimizer.step() or optimizer.synchronize(). "
+                                 "This is prohibited as it can cause a race condition.")
+        return super(self.__class__, self).zero_grad(set_to_none=set_to_none)
+
+    def set_backward_passes_per_step(self, passes: int) -> None:
+        self.backward_passes_per_step = passes
+        for p in self._passes:
+            self._passes[p] = 0
+
+    # ----- checkpointing ----------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """The wrapped optimizer's state plus, for sparse methods, the residual, the
+        iteration and the sparsifier's state (e.g. MiCRO's threshold controller)."""
+        state = super(self.__class__, self).state_dict()
+        if self._sparse:
+            state[_STATE_KEY] = self._reducer.state_dict()
+        return state
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        state_dict = dict(state_dict)
+        sparse_state = state_dict.pop(_STATE_KEY, None)
+        self._handles.clear()
+        for p in self._passes:
+            self._passes[p] = 0
+        self._synchronized = False
+        self._should_synchronize = True
+        super(self.__class__, self).load_state_dict(state_dict)
+        if self._sparse and sparse_state is not None:
+            self._reducer.load_state_dict(sparse_state)
+
+
+def _name_parameters(param_groups, named_parameters):
+    all_params = [p for group in param_groups for p in group["params"]]
+    if named_parameters is None:
+        return [(f"allreduce.noname.{i}", p) for i, p in enumerate(all_params)]
+    named = list(named_parameters)
+    if any(not isinstance(item, tuple) or len(item) != 2 for item in named):
+        raise ValueError("named_parameters should be a sequence of tuples (name, parameter), "
+                         "usually produced by model.named_parameters().")
+    in_optimizer = {id(p) for p in all_params}
+    # Only parameters the optimizer updates take part, sorted by name as Horovod does, so
+    # every rank builds the same flat layout.
+    return sorted(((n, p) for n, p in named if id(p) in in_optimizer), key=lambda x: x[0])
+
+
+def _resolve_groups(groups, layout: FlatLayout):
+    """Map each parameter to its fusion group (a tuple), as Horovod's ``groups`` argument."""
+    if groups is None or groups == 0:
+        return None
+    params = layout.params
+    if isinstance(groups, int):
+        size = -(-len(params) // groups)
+        chunks = [tuple(params[i:i + size]) for i in range(0, len(params), size)]
+    else:
+        chunks = [tuple(g) for g in groups]
+    return {p: chunk for chunk in chunks for p in chunk}
+
+
+def DistributedOptimizer(  # noqa: N802  (Horovod's name)
+    optimizer: torch.optim.Optimizer,
+    named_parameters: Iterable[tuple[str, torch.nn.Parameter]] | None = None,
+    compression=Compression.none,
+    backward_passes_per_step: int = 1,
+    op=hvd.Average,
+    gradient_predivide_factor: float = 1.0,
+    num_groups: int = 0,
+    groups=None,
+    sparse_as_dense: bool = False,
+    process_set: hvd.ProcessSet = hvd.global_process_set,
+    stats_callback: Callable[[StepStats], None] | None = None,
+) -> torch.optim.Optimizer:
+    """Wrap ``optimizer`` so that ``step()`` first exchanges gradients across ranks.
+
+    Same arguments and behaviour as ``hvd.DistributedOptimizer`` (Horovod 0.28), plus:
+
+    Args:
+        compression: ``hvm.Compression.micro(density=...)`` or another sparse compressor
+            for a sparse exchange; Horovod's or our ``Compression.none``/``fp16`` for
+            Horovod's dense allreduce.
+        stats_callback: called with a :class:`~horovod_micro.stats.StepStats` after every
+            exchange (the latest is also kept in ``optimizer.last_stats``).
+
+    Differences from Horovod, each deliberate:
+
+    * ``zero_grad(set_to_none=...)`` is accepted (Horovod 0.28.1's override takes no
+      argument).
+    * ``groups``/``num_groups`` only shape the dense path; a sparse exchange always treats
+      the whole model as one flat vector.
+    * ``op=hvd.Adasum`` is handed to Horovod's own optimizer (dense compressors only).
+    * With a sparse compressor the exchange runs even on a single rank, so single- and
+      multi-rank runs follow the same algorithm.
+    """
+    if num_groups and groups is None:
+        groups = num_groups
+    if op == hvd.Adasum:
+        if isinstance(compression, Sparsifier):
+            raise ValueError("op=hvd.Adasum cannot be combined with a sparse compressor")
+        return hvd.DistributedOptimizer(
+            optimizer, named_parameters=named_parameters, compression=compression,
+            backward_passes_per_step=backward_passes_per_step, op=op,
+            gradient_predivide_factor=gradient_predivide_factor, groups=groups,
+            sparse_as_dense=sparse_as_dense, process_set=process_set)
+    if not is_dense_compressor(compression) and not isinstance(compression, Sparsifier):
+        raise TypeError(f"compression must be a horovod_micro or Horovod compressor, got "
+                        f"{compression!r}")
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
+               dict(_DistributedOptimizer.__dict__))
+    # hvd.broadcast_optimizer_state recognises a distributed optimizer by its module and
+    # then initialises state with the wrapped optimizer's own step (no exchange); saying
+    # that we are one keeps a state broadcast from running a collective step.
+    cls.__module__ = hvd.DistributedOptimizer.__module__
+    return cls(optimizer.param_groups, named_parameters, compression,
+               backward_passes_per_step, op, gradient_predivide_factor, groups,
+               sparse_as_dense, process_set, stats_callback)

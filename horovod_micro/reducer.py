@@ -1,0 +1,168 @@
+"""One sparse exchange of the whole model's gradient, top to bottom.
+
+::
+
+    flatten -> add residual -> select -> exchange -> average -> update residual -> write back
+
+The flat error-compensated gradient ``a_t = g_t + e_t`` is accumulated directly into the
+residual buffer (one pass over N), so the buffer is reused across iterations and no
+second N-sized copy exists. After the exchange the residual keeps ``a_t`` except at the
+coordinates this rank sent, and the aggregated sparse gradient is written into one flat
+output buffer whose slices are installed as the parameters' ``.grad`` (a view per
+parameter, like DDP's ``gradient_as_bucket_view``), ready for the wrapped optimizer.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+
+from .exchange import NONFINITE, OK, SPARSE_GRADIENT, Comm, Traffic
+from .sparsifiers.base import Reduction, Sparsifier
+from .stats import StepStats
+
+
+class FlatLayout:
+    """Where each parameter's gradient lives in the flat vector (parameters in name order)."""
+
+    def __init__(self, named_params: Sequence[tuple[str, torch.nn.Parameter]]):
+        self.names = [name for name, _ in named_params]
+        self.params = [p for _, p in named_params]
+        self.slices: list[tuple[int, int]] = []
+        offset = 0
+        for p in self.params:
+            self.slices.append((offset, offset + p.numel()))
+            offset += p.numel()
+        self.numel = offset
+        self.device = self.params[0].device if self.params else torch.device("cpu")
+        self.dtype = (torch.float64 if any(p.dtype == torch.float64 for p in self.params)
+                      else torch.float32)
+
+    def signature(self) -> list[tuple[str, tuple[int, ...], str]]:
+        """Names, shapes and dtypes; must be identical on every rank."""
+        return [(n, tuple(p.shape), str(p.dtype)) for n, p in zip(self.names, self.params)]
+
+
+class SparseReducer:
+    """Runs a :class:`Sparsifier` over the flat gradient of a fixed list of parameters."""
+
+    def __init__(self, layout: FlatLayout, sparsifier: Sparsifier, comm: Comm,
+                 reduction: Reduction,
+                 stats_callback: Callable[[StepStats], None] | None = None):
+        self.layout = layout
+        self.sparsifier = sparsifier
+        self.comm = comm
+        self.reduction = reduction
+        self.stats_callback = stats_callback
+        self.iteration = 0
+        self.last_stats: StepStats | None = None
+        sparsifier.bind(layout.numel, comm)
+        self.residual = torch.zeros(layout.numel, dtype=layout.dtype, device=layout.device)
+        self.output = torch.zeros(layout.numel, dtype=layout.dtype, device=layout.device)
+
+    def reduce(self) -> StepStats:
+        """Exchange the current ``.grad`` of every parameter and replace it by the result."""
+        t0 = time.perf_counter()
+        status = self._accumulate()
+        acc = self.residual
+        sq_norm = float(torch.dot(acc, acc))
+        if status == OK and not math.isfinite(sq_norm):
+            status = NONFINITE
+        indices = self.sparsifier.select(acc, self.iteration)
+
+        traffic = Traffic()
+        reduced = self.sparsifier.exchange(acc, indices, status, self.iteration,
+                                           self.reduction, traffic)
+
+        nonfinite = reduced.gathered.nonfinite()
+        sent = acc[reduced.contributed]
+        self.output.zero_()
+        if nonfinite:
+            # Some rank's gradient overflowed: every rank hands NaN to its optimizer (as
+            # dense Horovod would spread it), so a GradScaler skips the step everywhere,
+            # and the residual drops the non-finite entries so later steps stay healthy.
+            self.output.fill_(math.nan)
+            torch.nan_to_num_(acc, nan=0.0, posinf=0.0, neginf=0.0)
+            residual_norm = float(torch.linalg.vector_norm(acc))
+        else:
+            self.output[reduced.indices] = reduced.values.to(self.output.dtype)
+            residual_norm = math.sqrt(max(sq_norm - float(torch.dot(sent, sent)), 0.0))
+            self.sparsifier.observe(reduced)
+        if self.sparsifier.error_feedback:
+            acc[reduced.contributed] = 0.0
+        else:
+            acc.zero_()
+            residual_norm = 0.0
+        self._write_back()
+        t3 = time.perf_counter()
+
+        counts = reduced.gathered.counts
+        stats = StepStats(
+            iteration=self.iteration,
+            method=self.sparsifier.name,
+            numel=self.layout.numel,
+            target_count=self.sparsifier.target_count,
+            threshold=reduced.threshold,
+            rank_counts=counts,
+            global_count=int(reduced.indices.numel()),
+            density=reduced.indices.numel() / self.layout.numel,
+            target_density=self.sparsifier.density,
+            bytes_sent=traffic.sent,
+            bytes_received=traffic.received,
+            residual_norm=residual_norm,
+            select_time=(t3 - t0) - traffic.seconds,
+            comm_time=traffic.seconds,
+            nonfinite=nonfinite,
+        )
+        self.iteration += 1
+        self.last_stats = stats
+        if self.stats_callback is not None:
+            self.stats_callback(stats)
+        return stats
+
+    def _accumulate(self) -> int:
+        """``residual += grad`` for every parameter (or ``residual = grad`` without error
+        feedback); returns the status this rank reports in the exchange."""
+        status = OK
+        if not self.sparsifier.error_feedback:
+            self.residual.zero_()
+        for p, (start, end) in zip(self.layout.params, self.layout.slices):
+            grad = p.grad
+            if grad is None:
+                continue
+            if grad.is_sparse:
+                status = SPARSE_GRADIENT
+                continue
+            self.residual[start:end].add_(grad.reshape(-1))
+        return status
+
+    def _write_back(self) -> None:
+        for p, (start, end) in zip(self.layout.params, self.layout.slices):
+            view = self.output[start:end].view_as(p)
+            if p.dtype != view.dtype:
+                view = view.to(p.dtype)
+            p.grad = view
+
+    # ----- checkpointing ----------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {
+            "iteration": self.iteration,
+            "numel": self.layout.numel,
+            "config": self.sparsifier.config(),
+            "residual": self.residual.detach().clone(),
+            "sparsifier": self.sparsifier.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        if state["numel"] != self.layout.numel:
+            raise ValueError(f"checkpoint holds a {state['numel']}-element residual, this "
+                             f"model has {self.layout.numel} elements")
+        if state["config"] != self.sparsifier.config():
+            raise ValueError(f"checkpoint was made with {state['config']}, this optimizer "
+                             f"uses {self.sparsifier.config()}")
+        self.iteration = int(state["iteration"])
+        self.residual.copy_(state["residual"])
+        self.sparsifier.load_state_dict(state["sparsifier"])

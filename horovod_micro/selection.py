@@ -1,0 +1,87 @@
+"""Local selection primitives shared by the sparsifiers.
+
+``select_above`` is MiCRO's selection: the indices of ``|x| >= threshold`` in one pass.
+On CPU float32 it calls the native kernel in ``_native/select.c`` (one read of the data);
+elsewhere (CUDA, other dtypes, or a source tree where the kernel was not built) it uses
+torch ops, which on a GPU are bandwidth-bound anyway.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+
+import torch
+
+INT32_MAX = 2**31 - 1
+
+
+def _load_native():
+    spec = importlib.util.find_spec("horovod_micro._select")
+    if spec is None or spec.origin is None:
+        return None
+    lib = ctypes.CDLL(spec.origin)
+    fn = lib.hvm_select_abs_ge
+    fn.restype = ctypes.c_int64
+    fn.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_int64,
+        ctypes.c_float,
+        ctypes.c_int64,
+        ctypes.c_void_p,
+        ctypes.c_int64,
+    ]
+    return fn
+
+
+_native_select = _load_native()
+
+
+def native_available() -> bool:
+    """Whether the native CPU kernel was built and loaded."""
+    return _native_select is not None
+
+
+def index_dtype(numel: int) -> torch.dtype:
+    """int32 indices while they fit (half the bytes on the wire), int64 beyond."""
+    return torch.int32 if numel <= INT32_MAX else torch.int64
+
+
+class ThresholdSelector:
+    """Selects ``|x| >= threshold`` in a contiguous segment, reusing its output buffer.
+
+    The buffer starts at ``capacity`` entries and grows (never drops an index) whenever a
+    selection needs more.
+    """
+
+    def __init__(self, capacity: int = 1024, use_native: bool = True):
+        self._buffer = torch.empty(max(int(capacity), 1), dtype=torch.int32)
+        self.use_native = use_native and native_available()
+
+    def __call__(self, segment: torch.Tensor, threshold: float, offset: int,
+                 numel: int) -> torch.Tensor:
+        """Indices (``offset``-based, dtype ``index_dtype(numel)``) of ``|segment| >= threshold``.
+
+        The result may share memory with the selector's buffer: it is valid until the next
+        call.
+        """
+        if (
+            self.use_native
+            and segment.device.type == "cpu"
+            and segment.dtype == torch.float32
+            and segment.is_contiguous()
+            and numel <= INT32_MAX
+        ):
+            return self._native(segment, threshold, offset)
+        selected = torch.nonzero(segment.abs() >= threshold).view(-1)
+        return (selected + offset).to(index_dtype(numel))
+
+    def _native(self, segment: torch.Tensor, threshold: float, offset: int) -> torch.Tensor:
+        n = segment.numel()
+        while True:
+            cap = self._buffer.numel()
+            count = _native_select(segment.data_ptr(), n, threshold, offset,
+                                   self._buffer.data_ptr(), cap)
+            if count <= cap:
+                return self._buffer[:count]
+            self._buffer = torch.empty(int(count * 1.5) + 1, dtype=torch.int32)

@@ -1,0 +1,174 @@
+"""What every sparsifier shares: configuration checks, error feedback switch, the
+Horovod-shaped ``compress``/``decompress`` pair and the hand-off to the exchange.
+
+A sparsifier answers three questions for the optimizer's pipeline
+(:mod:`horovod_micro.reducer`)::
+
+    flatten -> add residual -> select -> exchange -> average -> update residual -> step
+                               ^^^^^^    ^^^^^^^^
+    select(acc, iteration)      this rank's candidate indices (local, no communication)
+    exchange(acc, indices, ...) the collective pattern; returns the aggregated coordinates
+                                and which of this rank's coordinates were sent
+    observe(reduced)            what the sparsifier learns from the result (e.g. MiCRO's
+                                threshold update from the global count)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import horovod.torch as hvd
+import torch
+
+from ..exchange import Comm, Gathered, Traffic
+
+
+class SparseGradient(NamedTuple):
+    """Coordinates of a flat gradient of ``numel`` elements: ``dense[indices] = values``."""
+
+    indices: torch.Tensor
+    values: torch.Tensor
+    numel: int
+
+    def to_dense(self) -> torch.Tensor:
+        dense = torch.zeros(self.numel, dtype=self.values.dtype, device=self.values.device)
+        dense[self.indices.long()] = self.values
+        return dense
+
+
+@dataclass(frozen=True)
+class Reduction:
+    """How contributions combine: Horovod's ``op`` with its pre/post scale factors."""
+
+    op: Any = hvd.Average
+    prescale: float = 1.0
+    postscale: float = 1.0
+
+    def finish_sum(self, summed: torch.Tensor, size: int) -> torch.Tensor:
+        """Turn a plain sum of raw contributions into what ``allreduce(op=...)`` returns."""
+        scale = self.prescale * self.postscale
+        if self.op == hvd.Average:
+            scale /= size
+        if scale != 1.0:
+            summed.mul_(scale)
+        return summed
+
+
+@dataclass
+class Reduced:
+    """Result of one sparse exchange, identical on every rank except ``contributed``.
+
+    Attributes:
+        indices: distinct coordinates that received an aggregate (int64).
+        values: the aggregate at ``indices`` (float32), ``op`` already applied.
+        contributed: this rank's coordinates whose value went into the aggregate; error
+            feedback zeroes exactly these in this rank's residual.
+        gathered: the per-rank selections and statuses from the index exchange.
+        threshold: the threshold used, for methods that have one.
+    """
+
+    indices: torch.Tensor
+    values: torch.Tensor
+    contributed: torch.Tensor
+    gathered: Gathered
+    threshold: float | None = None
+
+
+class Sparsifier:
+    """Base class of the sparse compressors (Horovod's Compressor shape, extended).
+
+    Args:
+        density: wanted fraction of coordinates exchanged per iteration, in (0, 1].
+        error_feedback: keep what was not sent in a residual and add it to the next
+            gradient (on by default; off reproduces the ablation of Sahu et al.).
+        fp16_values: send values as float16 on the wire; residuals stay float32.
+    """
+
+    name = "sparse"
+
+    def __init__(self, density: float | None, *, error_feedback: bool = True,
+                 fp16_values: bool = False):
+        self.density = density
+        self.error_feedback = error_feedback
+        self.fp16_values = fp16_values
+        self.numel = 0
+        self.comm: Comm | None = None
+
+    # ----- configuration -------------------------------------------------------------
+    def config(self) -> dict:
+        """Everything that must agree across ranks (compared when the optimizer starts)."""
+        return {"method": self.name, "density": self.density,
+                "error_feedback": self.error_feedback, "fp16_values": self.fp16_values}
+
+    def config_error(self) -> str | None:
+        """Why this configuration is invalid, or None."""
+        d = self.density
+        if (isinstance(d, bool) or not isinstance(d, int | float) or not math.isfinite(d)
+                or not 0.0 < d <= 1.0):
+            return f"{self.name}: density must be a number in (0, 1], got {d!r}"
+        return None
+
+    def bind_error(self, numel: int) -> str | None:
+        """Why this configuration cannot serve a gradient of ``numel`` elements, or None."""
+        if self.density is not None and math.floor(self.density * numel) < 1:
+            return (f"{self.name}: density {self.density} selects no element of a "
+                    f"{numel}-element gradient (k = floor(density * N) = 0)")
+        return None
+
+    def bind(self, numel: int, comm: Comm) -> None:
+        """Size the sparsifier's state for a flat gradient of ``numel`` elements."""
+        if self.comm is not None:
+            raise RuntimeError(f"this {self.name} compressor already serves an optimizer; "
+                               "create one compressor per optimizer")
+        self.numel = numel
+        self.comm = comm
+
+    @property
+    def target_count(self) -> int:
+        """``k = floor(density * N)``."""
+        return max(1, math.floor(self.density * self.numel))
+
+    # ----- the pipeline --------------------------------------------------------------
+    def select(self, acc: torch.Tensor, iteration: int) -> torch.Tensor:
+        raise NotImplementedError
+
+    def exchange(self, acc: torch.Tensor, indices: torch.Tensor, status: int,
+                 iteration: int, reduction: Reduction, traffic: Traffic) -> Reduced:
+        raise NotImplementedError
+
+    def observe(self, reduced: Reduced) -> None:
+        """Learn from the exchange's result (default: nothing)."""
+
+    def threshold(self) -> float | None:
+        return None
+
+    def wire(self, values: torch.Tensor) -> torch.Tensor:
+        return values.to(torch.float16) if self.fp16_values else values
+
+    # ----- Horovod's Compressor shape ------------------------------------------------
+    def compress(self, tensor: torch.Tensor, iteration: int = 0
+                 ) -> tuple[SparseGradient, tuple]:
+        """Local selection of a flat tensor: ``(SparseGradient, ctx)``, no communication."""
+        flat = tensor.reshape(-1)
+        if self.numel != flat.numel():
+            raise ValueError(f"{self.name} is bound to {self.numel} elements, "
+                             f"got a tensor of {flat.numel()}")
+        indices = self.select(flat, iteration)
+        return SparseGradient(indices, flat[indices.long()], flat.numel()), (tensor.shape,)
+
+    def decompress(self, tensor: SparseGradient, ctx: tuple) -> torch.Tensor:
+        """Dense tensor of shape ``ctx[0]`` holding the sparse coordinates."""
+        return tensor.to_dense().view(ctx[0])
+
+    # ----- checkpointing -------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        del state
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.config().items() if k != "method")
+        return f"{type(self).__name__}({args})"

@@ -1,0 +1,13 @@
+"""Only the native selection kernel lives here; all metadata is in setup.cfg."""
+
+from setuptools import Extension, setup
+
+setup(
+    ext_modules=[
+        Extension(
+            "horovod_micro._select",
+            sources=["horovod_micro/_native/select.c"],
+            extra_compile_args=["-O3", "-fno-math-errno"],
+        )
+    ]
+)

@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# Idempotent set-up for horovod-micro on a Debian machine (what the README's two
+# commands run first). Each step checks whether its result is already there, so a
+# second run takes seconds:
+#
+#   1. Open MPI from Debian's packages, when mpirun is missing.
+#   2. A virtual environment in .venv (git-ignored).
+#   3. torch and torchvision (pinned below; pip takes them from this machine's disk).
+#   4. Horovod 0.28.1 built from its PyPI sdist with PyTorch, Gloo and MPI. The
+#      build needs two things Horovod itself does not provide (see
+#      tools/cmake/cxx20-toolchain.cmake and the README's troubleshooting):
+#      C++20 for torch 2.14's headers, and CUDA_HOME pointing at the toolkit
+#      because the torch wheel is a CUDA build. The wheel is cached outside the
+#      repository, keyed by Horovod, torch and Python versions, so the 8-minute
+#      build happens once per machine.
+#   5. This package, editable, with its test extra.
+#
+# Environment knobs:
+#   HVM_VENV         where the venv lives (default: <repo>/.venv)
+#   HVM_WHEEL_CACHE  where built Horovod wheels are kept (default: ~/.cache/horovod-micro/wheels)
+#   HVM_PYTHON       interpreter the venv is made from (default: python3)
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${HVM_VENV:-$REPO/.venv}"
+PY_BOOT="${HVM_PYTHON:-python3}"
+TORCH_VERSION=2.14.1
+TORCHVISION_VERSION=0.29.1
+HOROVOD_VERSION=0.28.1
+WHEEL_CACHE="${HVM_WHEEL_CACHE:-$HOME/.cache/horovod-micro/wheels}"
+
+log() { printf '[setup] %s\n' "$*" >&2; }
+
+as_root() {
+    if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+# 1. Open MPI (mpirun for horovodrun --mpi, mpicc for mpi4py and Horovod's MPI build).
+if ! command -v mpirun >/dev/null 2>&1 || ! command -v mpicc >/dev/null 2>&1; then
+    log "installing Open MPI from Debian's packages"
+    as_root apt-get update -q
+    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -q libopenmpi-dev openmpi-bin
+fi
+
+# 2. The virtual environment.
+if [ ! -x "$VENV/bin/python" ]; then
+    log "creating $VENV"
+    "$PY_BOOT" -m venv "$VENV"
+    "$VENV/bin/python" -m pip install -q --upgrade pip setuptools wheel
+fi
+PY="$VENV/bin/python"
+PIP=("$PY" -m pip install -q)
+
+# 3. torch + torchvision (a matching pair; see the README for why not torch 2.13's CPU file).
+if ! "$PY" - "$TORCH_VERSION" "$TORCHVISION_VERSION" <<'EOF' 2>/dev/null
+import sys
+from importlib.metadata import version
+sys.exit(not (version("torch").split("+")[0] == sys.argv[1]
+              and version("torchvision").split("+")[0] == sys.argv[2]))
+EOF
+then
+    log "installing torch==$TORCH_VERSION torchvision==$TORCHVISION_VERSION"
+    "${PIP[@]}" "torch==$TORCH_VERSION" "torchvision==$TORCHVISION_VERSION"
+fi
+
+# 4. Horovod, built once per (Horovod, torch, Python) and then installed from the cache.
+horovod_ok() {
+    "$PY" - "$HOROVOD_VERSION" <<'EOF' 2>/dev/null
+import sys
+from importlib.metadata import version
+if version("horovod") != sys.argv[1]:
+    sys.exit(1)
+import horovod.torch as hvd  # noqa: F401  the extension must load against this torch
+from horovod.common.util import gloo_built, mpi_built
+sys.exit(not (gloo_built() and mpi_built()))
+EOF
+}
+
+if ! horovod_ok; then
+    PYTAG="$("$PY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')"
+    KEY_DIR="$WHEEL_CACHE/horovod-$HOROVOD_VERSION-torch-$TORCH_VERSION-$PYTAG"
+    mkdir -p "$KEY_DIR"
+    if ! ls "$KEY_DIR"/horovod-*.whl >/dev/null 2>&1; then
+        log "building Horovod $HOROVOD_VERSION from source (about 8 minutes on 2 cores)"
+        CUDA_DIR="${CUDA_HOME:-/usr/local/cuda}"
+        BUILD_ENV=(
+            CMAKE_TOOLCHAIN_FILE="$REPO/tools/cmake/cxx20-toolchain.cmake"
+            CMAKE_POLICY_VERSION_MINIMUM=3.5
+            HOROVOD_WITH_PYTORCH=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1
+            HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 HOROVOD_CPU_OPERATIONS=GLOO
+            MAKEFLAGS="-j$(nproc)"
+        )
+        if [ -d "$CUDA_DIR" ]; then
+            BUILD_ENV+=(CUDA_HOME="$CUDA_DIR" HOROVOD_CUDA_HOME="$CUDA_DIR"
+                        HOROVOD_BUILD_CUDA_CC_LIST="${HOROVOD_BUILD_CUDA_CC_LIST:-80,90}")
+        fi
+        # Build and install-time needs of Horovod's setup.py; cmake stays the system one
+        # (CMake 4 refuses Horovod's bundled Gloo unless the policy minimum is set above).
+        "${PIP[@]}" cloudpickle psutil pyyaml packaging cffi
+        TMP_WHEELS="$(mktemp -d)"
+        env "${BUILD_ENV[@]}" "$PY" -m pip wheel --no-build-isolation --no-deps \
+            --no-binary horovod -w "$TMP_WHEELS" "horovod==$HOROVOD_VERSION"
+        mv "$TMP_WHEELS"/horovod-*.whl "$KEY_DIR"/
+        rm -rf "$TMP_WHEELS"
+    fi
+    log "installing Horovod from $KEY_DIR"
+    "${PIP[@]}" --force-reinstall --no-deps "$KEY_DIR"/horovod-*.whl
+    "${PIP[@]}" cloudpickle psutil pyyaml packaging cffi
+    horovod_ok || { log "Horovod installed but cannot load with Gloo and MPI"; exit 1; }
+fi
+
+# 5. This package, editable, with the test extra.
+if ! "$PY" -c 'import horovod_micro, pytest, sklearn, mpi4py' 2>/dev/null \
+        || [ "$REPO/setup.cfg" -nt "$VENV/.hvm-installed" ]; then
+    log "installing horovod_micro (editable) with its test extra"
+    "${PIP[@]}" -e "$REPO[test]"
+    touch "$VENV/.hvm-installed"
+fi
+log "ready: $VENV"
