@@ -2,9 +2,9 @@
 
 Every exchange starts with one variable-size ``allgather`` of an int32 block per rank::
 
-    [status, count, i_1 ... i_count]      (int64 blocks when N >= 2**31)
+    [status, count, aux, i_1 ... i_count]      (int64 blocks when N >= 2**31)
 
-* the two-element header means no rank ever contributes an empty tensor (an empty
+* the header means no rank ever contributes an empty tensor (an empty
   contribution breaks other libraries' collectives on Gloo) and gives every rank every
   other rank's count and status with no extra message;
 * ``status`` carries per-rank conditions that must be acted on collectively (NaN/Inf in
@@ -89,6 +89,7 @@ class Gathered:
 
     per_rank: list[torch.Tensor]
     statuses: list[int]
+    aux: list[int]
 
     @property
     def counts(self) -> list[int]:
@@ -109,25 +110,27 @@ class Gathered:
 
 
 def gather_indices(comm: Comm, indices: torch.Tensor, status: int, traffic: Traffic,
-                   role: str = "indices") -> Gathered:
+                   aux: int = 0, role: str = "indices") -> Gathered:
     """Allgather every rank's ``indices`` (1-D, any length, int32 or int64) with a status."""
-    header = torch.tensor([status, indices.numel()], dtype=indices.dtype, device=indices.device)
+    header = torch.tensor([status, indices.numel(), aux], dtype=indices.dtype,
+                          device=indices.device)
     block = torch.cat([header, indices])
     start = time.perf_counter()
     gathered = hvd.allgather(block, name=comm.name(role), process_set=comm.process_set)
     traffic.seconds += time.perf_counter() - start
 
     host = gathered if gathered.device.type == "cpu" else gathered.cpu()
-    per_rank, statuses, sizes = [], [], []
-    pos = 0
+    per_rank, statuses, auxes, sizes = [], [], [], []
+    pos, head = 0, header.numel()
     for _ in range(comm.size):
-        rank_status, count = int(host[pos]), int(host[pos + 1])
+        rank_status, count, rank_aux = (int(v) for v in host[pos : pos + head])
         statuses.append(rank_status)
-        per_rank.append(gathered[pos + 2 : pos + 2 + count])
-        sizes.append((count + 2) * block.element_size())
-        pos += 2 + count
+        auxes.append(rank_aux)
+        per_rank.append(gathered[pos + head : pos + head + count])
+        sizes.append((count + head) * block.element_size())
+        pos += head + count
     traffic.add(ring_allgather_bytes(sizes, comm.rank))
-    return Gathered(per_rank, statuses)
+    return Gathered(per_rank, statuses, auxes)
 
 
 def allreduce_values(comm: Comm, values: torch.Tensor, traffic: Traffic, op,

@@ -155,9 +155,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _allreduce_async(self, p):
         compressed, ctx = self._compression.compress(self._dense_grad(p))
         pre, post = self._scale_factors()
-        handle = hvd.allreduce_async_(compressed, name=f"{self._comm.prefix}.{self._parameter_names[p]}",
-                                      op=self.op, prescale_factor=pre, postscale_factor=post,
-                                      process_set=self.process_set)
+        name = f"{self._comm.prefix}.{self._parameter_names[p]}"
+        handle = hvd.allreduce_async_(compressed, name=name, op=self.op, prescale_factor=pre,
+                                      postscale_factor=post, process_set=self.process_set)
         return handle, ctx, compressed
 
     def _grouped_allreduce_async(self, group):

@@ -11,12 +11,16 @@ This controller keeps the same inputs (only the global count, which every rank l
 from the index exchange, so no extra message is needed) and replaces the rule with two
 loops:
 
-* **Newton steps in log-log space.** Near the tail of the magnitude distribution the count
-  behaves like ``count(th) ~ C * th**(-alpha)``. With ``alpha`` estimated online from the last
-  two (threshold, count) pairs (a secant, clamped to ``[alpha_min, alpha_max]`` and smoothed),
-  one step ``log th += log(k_t / k*) / alpha`` lands close to the wanted count ``k*`` even
-  from a cold start one or two orders of magnitude away. A step never moves the threshold by
-  more than ``max_factor``.
+* **Damped Newton steps in log-log space.** Near the tail of the magnitude distribution the
+  count behaves like ``count(th) ~ C * th**(-alpha)``. The slope ``alpha`` is *measured*
+  each iteration: the selecting ranks also count how many of their selected entries exceed
+  ``probe * th`` (a pass over the k selected values, not over N) and send that number in
+  the header of the index exchange, so ``alpha = log(k_t / k_t(probe th)) / log(probe)``.
+  A step ``log th += gain * log(k_t / k*) / alpha`` then lands near the wanted count ``k*``
+  even from a cold start orders of magnitude away. (A secant between consecutive
+  iterations, tried first, oscillated: the count at a fixed threshold is noisy from step
+  to step, and gradients' tails are light, ``alpha`` ~ 10 at density 0.001, so an
+  underestimate overshoots.) A step never moves the threshold by more than ``max_factor``.
 * **A count budget.** Once the count is inside the +-``band`` of ``k`` the controller keeps the
   running sum of ``k - k_t`` and asks for ``k* = k + gain * deficit`` (clamped to
   +-``budget_clamp`` of ``k``) next time. Error feedback makes the distribution of
@@ -46,29 +50,34 @@ class DensityController:
     Attributes:
         target_count: wanted number of selected coordinates per iteration, ``floor(d N)``.
         threshold: the threshold to use at the next selection.
-        alpha: current estimate of ``-d log(count) / d log(threshold)``.
-        deficit: running sum of ``k - k_t`` since the count first entered the band.
-        settled: whether the count has entered the +-``band`` of ``k`` at least once.
+        alpha: current estimate of the tail slope ``-d log(count) / d log(threshold)``.
+        excess: integral term: running sum of ``k_t / k - 1`` since ``engaged``.
+        engaged: whether a count has come within a factor ``windup`` of ``k`` (the
+            integral starts then, so a cold start far from ``k`` does not wind it up).
+        probe: the slope is measured between ``threshold`` and ``probe * threshold``.
+        gain: fraction of the Newton step taken on the current log error (< 1 damps the
+            reservoir effect of error feedback: a lower threshold releases residual mass
+            that is then gone for the next iterations).
+        integral_gain: weight of ``excess`` in the step.
+        windup: how close (as a factor) a count must come to ``k`` to engage the integral.
+        alpha_smoothing: weight of a new slope measurement in the running estimate.
         max_factor: largest multiplicative change of the threshold in one iteration.
-        band: relative band around ``k`` that counts as "settled".
-        budget_gain: fraction of the deficit asked back per iteration.
-        budget_clamp: the wanted count stays within ``k * (1 +- budget_clamp)``.
-        alpha_min, alpha_max: clamps of the slope estimate (a too small slope overshoots).
+        alpha_min, alpha_max: clamps of the slope estimate.
     """
 
     target_count: int
     threshold: float = 0.0
     alpha: float = 4.0
-    deficit: float = 0.0
-    settled: bool = False
-    last_log_threshold: float | None = None
-    last_log_count: float | None = None
+    excess: float = 0.0
+    engaged: bool = False
+    probe: float = 1.25
+    gain: float = 0.5
+    integral_gain: float = 0.3
+    windup: float = 2.0
+    alpha_smoothing: float = 0.3
     max_factor: float = 4.0
-    band: float = 0.1
-    budget_gain: float = 0.2
-    budget_clamp: float = 0.05
     alpha_min: float = 0.5
-    alpha_max: float = 16.0
+    alpha_max: float = 30.0
 
     def __post_init__(self) -> None:
         if self.target_count < 1:
@@ -76,38 +85,39 @@ class DensityController:
         if self.threshold <= 0.0:
             self.threshold = initial_threshold(self.target_count)
 
-    def update(self, count: int) -> float:
-        """Record the global count selected with the current threshold; return the next one."""
+    @property
+    def probe_threshold(self) -> float:
+        """The second threshold at which the selecting ranks also count (for the slope)."""
+        return self.threshold * self.probe
+
+    def update(self, count: int, count_above_probe: int | None = None) -> float:
+        """Record the global count selected with the current threshold (and, if known, the
+        global count at ``probe_threshold``); return the threshold for the next iteration.
+        """
         k = float(self.target_count)
-        log_th = math.log(self.threshold)
+        if count_above_probe is not None and count >= 8:
+            # Both counts come from the same distribution at the same moment, so their
+            # ratio measures the local slope without the iteration-to-iteration noise a
+            # secant between iterations would carry.
+            measured = math.log(count / max(float(count_above_probe), 0.5)) / math.log(
+                self.probe)
+            measured = min(max(measured, self.alpha_min), self.alpha_max)
+            w = self.alpha_smoothing
+            self.alpha = math.exp((1.0 - w) * math.log(self.alpha) + w * math.log(measured))
+
         # Half an element stands in for an empty selection so the logarithm stays finite.
-        log_count = math.log(max(float(count), 0.5))
-
-        if self.last_log_threshold is not None:
-            d_th = log_th - self.last_log_threshold
-            if abs(d_th) > 1e-3:
-                slope = -(log_count - self.last_log_count) / d_th
-                if slope > 0.0 and count > 0 and self.last_log_count > math.log(0.5):
-                    slope = min(max(slope, self.alpha_min), self.alpha_max)
-                    # Geometric smoothing: one noisy pair moves the estimate only halfway.
-                    self.alpha = math.sqrt(self.alpha * slope)
-
-        if not self.settled and abs(count - k) <= self.band * k:
-            self.settled = True
-        wanted = k
-        if self.settled:
-            self.deficit += k - count
-            correction = self.budget_gain * self.deficit
-            limit = self.budget_clamp * k
-            wanted = k + min(max(correction, -limit), limit)
-
-        step = (log_count - math.log(wanted)) / self.alpha
+        error = math.log(max(float(count), 0.5) / k)
+        if not self.engaged and abs(error) < math.log(self.windup):
+            self.engaged = True
+        if self.engaged:
+            # Integral on the *count* (not its logarithm), every iteration once engaged:
+            # the per-iteration count scatters by tens of percent, and it is the arithmetic
+            # mean that must meet the target, so no sample may be left out.
+            self.excess += count / k - 1.0
+        step = (self.gain * error + self.integral_gain * self.excess) / self.alpha
         max_step = math.log(self.max_factor)
         step = min(max(step, -max_step), max_step)
-
-        self.last_log_threshold = log_th
-        self.last_log_count = log_count
-        self.threshold = math.exp(log_th + step)
+        self.threshold = math.exp(math.log(self.threshold) + step)
         return self.threshold
 
     def state_dict(self) -> dict:

@@ -48,6 +48,7 @@ class MicroCompressor(Sparsifier):
         self.controller: DensityController | None = None
         self.bounds: list[tuple[int, int]] = []
         self._selector = ThresholdSelector()
+        self._above_probe = 0
 
     def config(self) -> dict:
         return {**super().config(), "initial_threshold": self.initial_threshold}
@@ -70,11 +71,16 @@ class MicroCompressor(Sparsifier):
 
     def select(self, acc: torch.Tensor, iteration: int) -> torch.Tensor:
         start, end = self.bounds[owned_part(self.comm.rank, iteration, self.comm.size)]
-        return self._selector(acc[start:end], self.controller.threshold, start, self.numel)
+        indices = self._selector(acc[start:end], self.controller.threshold, start, self.numel)
+        # The controller's slope probe: how many selected entries also pass a slightly
+        # higher threshold (a pass over the k selected values only).
+        probe = self.controller.probe_threshold
+        self._above_probe = int((acc[indices.long()].abs() >= probe).sum())
+        return indices
 
     def exchange(self, acc, indices, status, iteration, reduction: Reduction,
                  traffic: Traffic) -> Reduced:
-        gathered = gather_indices(self.comm, indices, status, traffic)
+        gathered = gather_indices(self.comm, indices, status, traffic, aux=self._above_probe)
         gathered.raise_errors()
         # Parts are disjoint: concatenation is already the union, without duplicates.
         union = torch.cat(gathered.per_rank).long()
@@ -84,7 +90,7 @@ class MicroCompressor(Sparsifier):
         return Reduced(union, values.float(), union, gathered, self.controller.threshold)
 
     def observe(self, reduced: Reduced) -> None:
-        self.controller.update(int(reduced.indices.numel()))
+        self.controller.update(int(reduced.indices.numel()), sum(reduced.gathered.aux))
 
     def state_dict(self) -> dict:
         return {"controller": self.controller.state_dict()}

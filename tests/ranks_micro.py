@@ -1,0 +1,122 @@
+"""Rank bodies for the MiCRO tests (run by multirank.run_ranks on real ranks)."""
+
+from __future__ import annotations
+
+import math
+
+import horovod.torch as hvd
+import torch
+from simulation import feed_gradients
+
+import horovod_micro as hvm
+
+
+def _flat_param_optimizer(numel, compression, **kwargs):
+    param = torch.nn.Parameter(torch.zeros(numel))
+    opt = hvm.DistributedOptimizer(torch.optim.SGD([param], lr=0.0),
+                                   named_parameters=[("flat", param)],
+                                   compression=compression, **kwargs)
+    return opt, param
+
+
+def exchange_trace(numel, iterations, density, seed=0, skew=0.0, op="average",
+                   initial_threshold=None, fp16_values=False):
+    """Per iteration: exchanged gradient, threshold, counts, residual, bytes."""
+    compression = hvm.Compression.micro(density=density, initial_threshold=initial_threshold,
+                                        fp16_values=fp16_values)
+    opt, param = _flat_param_optimizer(numel, compression,
+                                       op=hvd.Average if op == "average" else hvd.Sum)
+    trace = []
+    for grad, stats, residual in feed_gradients(opt, param, hvd.rank(), iterations, numel,
+                                                seed, skew):
+        trace.append({
+            "grad": grad.tolist(), "threshold": stats.threshold,
+            "threshold_hex": float(stats.threshold).hex(),
+            "rank_counts": stats.rank_counts, "global_count": stats.global_count,
+            "density": stats.density, "residual": residual.tolist(),
+            "residual_norm": stats.residual_norm, "bytes_sent": stats.bytes_sent,
+            "bytes_received": stats.bytes_received, "iteration": stats.iteration,
+        })
+    return trace
+
+
+def empty_selection(numel, iterations):
+    """A threshold far above every gradient: nobody selects anything for a while."""
+    trace = exchange_trace(numel, iterations, density=0.01, initial_threshold=1e6)
+    return [{"global_count": t["global_count"], "grad_abs_sum": sum(map(abs, t["grad"])),
+             "threshold": t["threshold"]} for t in trace]
+
+
+def one_rank_silent(numel, iterations):
+    """Rank 1's gradient is all zeros: it never selects, rank 0 does."""
+    compression = hvm.Compression.micro(density=0.05)
+    opt, param = _flat_param_optimizer(numel, compression)
+    out = []
+    for t in range(iterations):
+        gen = torch.Generator().manual_seed(t)
+        grad = torch.randn(numel, generator=gen)
+        param.grad = grad if hvd.rank() == 0 else torch.zeros(numel)
+        opt.synchronize()
+        out.append({"rank_counts": opt.last_stats.rank_counts,
+                    "grad": param.grad.tolist()})
+        opt.zero_grad()
+    return out
+
+
+def nonfinite(numel, bad_rank, bad_iteration, iterations):
+    """Rank ``bad_rank`` puts NaN and Inf into its gradient at ``bad_iteration``."""
+    compression = hvm.Compression.micro(density=0.05)
+    opt, param = _flat_param_optimizer(numel, compression)
+    out = []
+    for t in range(iterations):
+        grad = torch.randn(numel, generator=torch.Generator().manual_seed(100 * t + hvd.rank()))
+        if hvd.rank() == bad_rank and t == bad_iteration:
+            grad[3] = math.nan
+            grad[7] = math.inf
+        param.grad = grad
+        opt.synchronize()
+        residual = opt.state_dict()["horovod_micro"]["residual"]
+        out.append({"all_nan": bool(torch.isnan(param.grad).all()),
+                    "any_nonfinite": bool((~torch.isfinite(param.grad)).any()),
+                    "residual_finite": bool(torch.isfinite(residual).all()),
+                    "stats_nonfinite": opt.last_stats.nonfinite,
+                    "threshold_finite": math.isfinite(opt.last_stats.threshold)})
+        opt.zero_grad()
+    return out
+
+
+def digits_density_trace(density, iterations, batch=32, hidden=(512, 256), lr=0.05, seed=0,
+                         controller=None):
+    """Train an MLP on scikit-learn's bundled digits with MiCRO; per-iteration density,
+    threshold and loss."""
+    from sklearn.datasets import load_digits
+
+    torch.manual_seed(seed)
+    digits = load_digits()
+    x = torch.tensor(digits.data, dtype=torch.float32) / 16.0
+    y = torch.tensor(digits.target)
+    layers, width = [], 64
+    for h in hidden:
+        layers += [torch.nn.Linear(width, h), torch.nn.ReLU()]
+        width = h
+    model = torch.nn.Sequential(*layers, torch.nn.Linear(width, 10))
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, nesterov=True,
+                          weight_decay=1e-4)
+    opt = hvm.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                   compression=hvm.Compression.micro(density=density))
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    for key, value in (controller or {}).items():
+        setattr(opt.compression.controller, key, value)
+    gen = torch.Generator().manual_seed(1000 + hvd.rank())
+    trace = []
+    for _ in range(iterations):
+        idx = torch.randint(0, len(x), (batch,), generator=gen)
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x[idx]), y[idx])
+        loss.backward()
+        opt.step()
+        s = opt.last_stats
+        trace.append({"density": s.density, "threshold": s.threshold, "loss": float(loss),
+                      "target_density": s.target_density, "numel": s.numel})
+    return trace

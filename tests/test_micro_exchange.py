@@ -1,0 +1,105 @@
+"""MiCRO's exchange on real ranks equals an independent simulation of n workers."""
+
+import pytest
+import torch
+from multirank import run_ranks
+from simulation import contiguous_parts, rank_gradient, simulate_micro
+
+from horovod_micro.threshold import DensityController
+
+
+def _check_against_simulation(results, n, numel, iterations, seed, skew, average=True):
+    traces = [r.value for r in results]
+    # Identical thresholds on every rank, bit for bit, every iteration.
+    for t in range(iterations):
+        assert len({trace[t]["threshold_hex"] for trace in traces}) == 1, t
+    thresholds = [traces[0][t]["threshold"] for t in range(iterations)]
+    grads = [[rank_gradient(r, t, numel, seed, skew) for r in range(n)]
+             for t in range(iterations)]
+    sim = simulate_micro(grads, thresholds, n, average=average)
+    parts = contiguous_parts(numel, n)
+    for t in range(iterations):
+        want = sim[t]
+        owned = [set(range(*parts[(t + r) % n])) for r in range(n)]
+        for r in range(n):
+            # Rank r selected only in the part it owns this iteration; parts are disjoint.
+            assert set(want["selections"][r].tolist()) <= owned[r]
+            assert traces[r][t]["rank_counts"] == [len(s) for s in want["selections"]]
+            got = torch.tensor(traces[r][t]["grad"])
+            nz_got = set(torch.nonzero(got).view(-1).tolist())
+            nz_want = set(torch.nonzero(want["grad"]).view(-1).tolist())
+            assert nz_got == nz_want, (t, r)
+            torch.testing.assert_close(got, want["grad"], rtol=1e-5, atol=1e-7)
+            torch.testing.assert_close(torch.tensor(traces[r][t]["residual"]),
+                                       want["residual"][r], rtol=1e-5, atol=1e-7)
+        union = sum(len(s) for s in want["selections"])
+        assert traces[0][t]["global_count"] == union
+    # The thresholds are the controller's response to the global counts, on every rank.
+    controller = DensityController(int(0.02 * numel))
+    for t in range(iterations - 1):
+        assert controller.threshold == thresholds[t]
+        controller.update(traces[0][t]["global_count"], sim[t]["above_probe"])
+    return traces
+
+
+@pytest.mark.parametrize("np_,backend,skew", [(2, "gloo", 0.0), (2, "mpi", 3.0),
+                                              (3, "gloo", 3.0)])
+def test_exchange_equals_simulation(np_, backend, skew):
+    numel, iterations, seed = 1003, 7, 11
+    results = run_ranks("ranks_micro:exchange_trace", np=np_, backend=backend,
+                        kwargs={"numel": numel, "iterations": iterations, "density": 0.02,
+                                "seed": seed, "skew": skew})
+    traces = _check_against_simulation(results, np_, numel, iterations, seed, skew)
+    # Ring-model bytes: int32 index blocks with a 3-int header, float32 values.
+    for r, trace in enumerate(traces):
+        for t in range(iterations):
+            counts = trace[t]["rank_counts"]
+            blocks = [4 * (c + 3) for c in counts]
+            union = sum(counts)
+            allreduce = 2 * (np_ - 1) * 4 * union // np_ if union else 0
+            assert trace[t]["bytes_received"] == sum(blocks) - blocks[r] + allreduce
+            assert trace[t]["bytes_sent"] == sum(blocks) - blocks[(r + 1) % np_] + allreduce
+
+
+def test_sum_op_equals_simulation():
+    numel, iterations, seed = 500, 4, 5
+    results = run_ranks("ranks_micro:exchange_trace", np=2,
+                        kwargs={"numel": numel, "iterations": iterations, "density": 0.02,
+                                "seed": seed, "op": "sum"})
+    _check_against_simulation(results, 2, numel, iterations, seed, 0.0, average=False)
+
+
+def test_empty_selection_neither_hangs_nor_breaks():
+    results = run_ranks("ranks_micro:empty_selection", np=2,
+                        kwargs={"numel": 2000, "iterations": 6})
+    for r in results:
+        first = r.value[0]
+        assert first["global_count"] == 0 and first["grad_abs_sum"] == 0.0
+        thresholds = [t["threshold"] for t in r.value]
+        # The controller lowers the threshold after empty selections ...
+        assert thresholds == sorted(thresholds, reverse=True) and thresholds[-1] < 1e6
+    # ... identically on both ranks.
+    assert results[0].value == results[1].value
+
+
+def test_one_rank_selecting_nothing():
+    results = run_ranks("ranks_micro:one_rank_silent", np=2, backend="gloo",
+                        kwargs={"numel": 400, "iterations": 4})
+    for t in range(4):
+        counts = results[0].value[t]["rank_counts"]
+        assert counts[1] == 0 and counts[0] > 0
+        assert results[0].value[t]["grad"] == results[1].value[t]["grad"]
+
+
+def test_nonfinite_gradient_on_one_rank():
+    results = run_ranks("ranks_micro:nonfinite", np=2,
+                        kwargs={"numel": 300, "bad_rank": 1, "bad_iteration": 2,
+                                "iterations": 5})
+    for r in results:
+        for t, rec in enumerate(r.value):
+            # Every rank sees the overflow at the same step (and only then), as NaN, ...
+            assert rec["stats_nonfinite"] == (t == 2)
+            assert rec["all_nan"] == (t == 2)
+            assert rec["any_nonfinite"] == (t == 2)
+            # ... while residual and threshold stay finite, so training can go on.
+            assert rec["residual_finite"] and rec["threshold_finite"]
