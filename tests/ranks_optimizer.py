@@ -1,0 +1,242 @@
+"""Rank bodies for the optimizer-contract tests (checkpoints, accumulation, bad input,
+dense path, Horovod's usage patterns)."""
+
+from __future__ import annotations
+
+import copy
+
+import horovod.torch as hvd
+import torch
+
+import horovod_micro as hvm
+
+
+def _digits():
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    return torch.tensor(digits.data, dtype=torch.float32) / 16.0, torch.tensor(digits.target)
+
+
+def _mlp(hidden=64):
+    return torch.nn.Sequential(torch.nn.Linear(64, hidden), torch.nn.ReLU(),
+                               torch.nn.Linear(hidden, 10))
+
+
+def _batch(x, y, rank, t, batch=32):
+    idx = torch.randint(0, len(x), (batch,), generator=torch.Generator().manual_seed(
+        10_000 * rank + t))
+    return x[idx], y[idx]
+
+
+def _build(model, density):
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, nesterov=True,
+                          weight_decay=1e-4)
+    return hvm.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                    compression=hvm.Compression.micro(density=density))
+
+
+def _train(model, opt, x, y, start, stop):
+    for t in range(start, stop):
+        xb, yb = _batch(x, y, hvd.rank(), t)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(xb), yb).backward()
+        opt.step()
+
+
+def checkpoint_resume(first, second, density=0.02):
+    """Train ``first`` iterations, checkpoint, train ``second`` more; then restore the
+    checkpoint into a fresh model and optimizer and train the same ``second`` again."""
+    x, y = _digits()
+    torch.manual_seed(0)
+    model = _mlp()
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    opt = _build(model, density)
+    _train(model, opt, x, y, 0, first)
+    saved_model = {k: v.clone() for k, v in model.state_dict().items()}
+    # torch's state_dict() holds references to live buffers; a checkpoint is a copy.
+    saved_opt = copy.deepcopy(opt.state_dict())
+    saved_threshold = opt.compression.threshold()
+    _train(model, opt, x, y, first, first + second)
+    straight = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    straight_state = opt.state_dict()["horovod_micro"]
+
+    torch.manual_seed(123)  # a different initialisation, overwritten by the checkpoint
+    resumed_model = _mlp()
+    resumed_model.load_state_dict(saved_model)
+    resumed_opt = _build(resumed_model, density)
+    resumed_opt.load_state_dict(saved_opt)
+    restored_threshold = resumed_opt.compression.threshold()
+    _train(resumed_model, resumed_opt, x, y, first, first + second)
+    resumed = torch.cat([p.detach().reshape(-1) for p in resumed_model.parameters()])
+    resumed_state = resumed_opt.state_dict()["horovod_micro"]
+    return {
+        "max_param_diff": float((straight - resumed).abs().max()),
+        "max_residual_diff": float((straight_state["residual"]
+                                    - resumed_state["residual"]).abs().max()),
+        "iterations": [straight_state["iteration"], resumed_state["iteration"]],
+        "thresholds": [straight_state["sparsifier"]["controller"]["threshold"],
+                       resumed_state["sparsifier"]["controller"]["threshold"]],
+        "threshold_restored": restored_threshold == saved_threshold,
+        "residual_nonzero": bool(straight_state["residual"].abs().sum() > 0),
+    }
+
+
+def accumulation(numel, steps, passes):
+    """``backward_passes_per_step=passes``: gradients of ``passes`` backward passes are
+    summed locally and exchanged once per step."""
+    from simulation import rank_gradient
+
+    param = torch.nn.Parameter(torch.zeros(numel))
+    opt = hvm.DistributedOptimizer(torch.optim.SGD([param], lr=0.0),
+                                   named_parameters=[("w", param)],
+                                   compression=hvm.Compression.micro(density=0.02),
+                                   backward_passes_per_step=passes)
+    out = {"grads": [], "thresholds": [], "errors": []}
+    for s in range(steps):
+        for j in range(passes):
+            coeff = rank_gradient(hvd.rank(), s * passes + j, numel, seed=3)
+            (param * coeff).sum().backward()
+            if j == 0 and passes > 1:
+                try:
+                    opt.zero_grad()
+                except AssertionError as error:
+                    out["errors"].append(f"zero_grad: {error}")
+        opt.step()
+        out["grads"].append(param.grad.tolist())
+        out["thresholds"].append(opt.last_stats.threshold)
+        opt.zero_grad()
+    # One pass too many before step() is refused, like Horovod does.
+    for _ in range(passes):
+        (param * 1.0).sum().backward()
+    try:
+        (param * 1.0).sum().backward()
+    except AssertionError as error:
+        out["errors"].append(f"extra pass: {error}")
+    return out
+
+
+def bad_inputs(cases):
+    """Each case makes one rank's (or every rank's) arguments wrong; record what every rank
+    raised. Ranks that survive a case go on to the next one: nobody is left waiting."""
+    rank = hvd.rank()
+    report = {}
+    for case in cases:
+        try:
+            _bad_case(case, rank)
+            report[case] = {"raised": None}
+        except Exception as error:  # noqa: BLE001  the type is part of what is checked
+            report[case] = {"raised": type(error).__name__, "message": str(error)}
+    return report
+
+
+def _bad_case(case, rank):
+    torch.manual_seed(0)
+    model = _mlp()
+    density = 0.01
+    params = list(model.named_parameters())
+    if case == "density_out_of_range" and rank == 1:
+        density = 1.5
+    if case == "density_nan" and rank == 1:
+        density = float("nan")
+    if case == "density_differs" and rank == 1:
+        density = 0.02
+    if case == "shapes_differ" and rank == 1:
+        model = _mlp(hidden=65)
+        params = list(model.named_parameters())
+    if case == "complex_parameter" and rank == 0:
+        extra = torch.nn.Parameter(torch.zeros(4, dtype=torch.complex64))
+        params.append(("extra", extra))
+    if case == "backward_passes" and rank == 0:
+        passes = 0
+    else:
+        passes = 1
+    opt = torch.optim.SGD([p for _, p in params], lr=0.1)
+    embedding = None
+    if case == "sparse_gradient":
+        embedding = torch.nn.Embedding(100, 8, sparse=(rank == 1))
+        params = [("emb", embedding.weight)]
+        opt = torch.optim.SGD(embedding.parameters(), lr=0.1)
+    opt = hvm.DistributedOptimizer(opt, named_parameters=params,
+                                   compression=hvm.Compression.micro(density=density),
+                                   backward_passes_per_step=passes)
+    if embedding is not None:
+        embedding(torch.tensor([1, 2, 3])).sum().backward()
+        opt.step()
+
+
+def process_set_membership():
+    """Rank 1 builds an optimizer over a process set that holds only rank 0."""
+    only_zero = hvd.add_process_set([0])
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    try:
+        opt = hvm.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                       compression=hvm.Compression.micro(density=0.05),
+                                       process_set=only_zero)
+    except ValueError as error:
+        return {"raised": str(error)}
+    x, y = _digits()
+    _train(model, opt, x, y, 0, 3)
+    return {"raised": None, "iteration": opt.last_stats.iteration}
+
+
+def dense_paths(numel, iterations):
+    """Horovod's own compressors through our optimizer: the plain average (fp16: close)."""
+    from simulation import rank_gradient
+
+    out = {}
+    for name, compression in [("hvd.none", hvd.Compression.none),
+                              ("hvd.fp16", hvd.Compression.fp16),
+                              ("hvm.none", hvm.Compression.none)]:
+        param = torch.nn.Parameter(torch.zeros(numel))
+        opt = hvm.DistributedOptimizer(torch.optim.SGD([param], lr=0.0),
+                                       named_parameters=[("w", param)],
+                                       compression=compression)
+        grads = []
+        for t in range(iterations):
+            coeff = rank_gradient(hvd.rank(), t, numel, seed=9)
+            (param * coeff).sum().backward()
+            opt.step()
+            grads.append(param.grad.tolist())
+            opt.zero_grad(set_to_none=(t % 2 == 0))
+        out[name] = {"grads": grads, "bytes_sent": opt.last_stats.bytes_sent}
+    return out
+
+
+def usage_patterns():
+    """Horovod's patterns: broadcast of state, synchronize + clipping + skip_synchronize,
+    Adam, GradScaler, zero_grad(set_to_none=...)."""
+    x, y = _digits()
+    torch.manual_seed(0)
+    model = _mlp()
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    opt = hvm.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=1e-3),
+                                   named_parameters=model.named_parameters(),
+                                   compression=hvm.Compression.micro(density=0.05))
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    result = {"iteration_after_broadcast": opt.state_dict()["horovod_micro"]["iteration"],
+              "stats_after_broadcast": opt.last_stats is not None}
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8)
+    norms, losses = [], []
+    for t in range(30):
+        xb, yb = _batch(x, y, hvd.rank(), t)
+        opt.zero_grad(set_to_none=(t % 2 == 1))
+        loss = torch.nn.functional.cross_entropy(model(xb), yb)
+        scaler.scale(loss).backward()
+        opt.synchronize()
+        scaler.unscale_(opt)
+        norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)))
+        with opt.skip_synchronize():
+            scaler.step(opt)
+        scaler.update()
+        losses.append(float(loss))
+    params = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    gathered = hvd.allgather(params.unsqueeze(0), name="patterns.params")
+    result.update({
+        "iterations": opt.last_stats.iteration + 1,
+        "params_equal_across_ranks": bool((gathered[0] == gathered[-1]).all()),
+        "first_loss": losses[0], "last_loss": losses[-1],
+        "clipped": max(norms) > 0.5,
+    })
+    return result

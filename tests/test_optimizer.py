@@ -1,0 +1,104 @@
+"""The DistributedOptimizer contract on real ranks: checkpoints, gradient accumulation,
+bad input reported on every rank, the dense path, and Horovod's usage patterns."""
+
+import math
+
+import pytest
+import torch
+from multirank import run_ranks
+from simulation import rank_gradient, simulate_micro
+
+import horovod_micro as hvm
+
+
+def test_checkpoint_resume_equals_uninterrupted_run(backend):
+    results = run_ranks("ranks_optimizer:checkpoint_resume", np=2, backend=backend,
+                        kwargs={"first": 12, "second": 9})
+    for r in results:
+        v = r.value
+        assert v["threshold_restored"] and v["residual_nonzero"]
+        assert v["iterations"] == [21, 21]
+        assert v["thresholds"][0] == v["thresholds"][1]
+        assert v["max_param_diff"] == 0.0
+        assert v["max_residual_diff"] == 0.0
+
+
+def test_backward_passes_per_step_accumulates_locally():
+    numel, steps, passes = 600, 4, 2
+    results = run_ranks("ranks_optimizer:accumulation", np=2,
+                        kwargs={"numel": numel, "steps": steps, "passes": passes})
+    thresholds = results[0].value["thresholds"]
+    grads = [[sum(rank_gradient(r, s * passes + j, numel, seed=3) for j in range(passes))
+              for r in range(2)] for s in range(steps)]
+    sim = simulate_micro(grads, thresholds, 2)
+    for r in results:
+        assert r.value["thresholds"] == thresholds
+        for s in range(steps):
+            torch.testing.assert_close(torch.tensor(r.value["grads"][s]), sim[s]["grad"],
+                                       rtol=1e-5, atol=1e-7)
+        errors = r.value["errors"]
+        assert sum(e.startswith("zero_grad") for e in errors) == steps
+        assert any(e.startswith("extra pass") and "backward_passes_per_step" in e
+                   for e in errors)
+
+
+BAD_CASES = {
+    "density_out_of_range": ("ValueError", ["rank 1", "density", "1.5"]),
+    "density_nan": ("ValueError", ["rank 1", "density", "nan"]),
+    "density_differs": ("ValueError", ["rank 1", "compression", "differs"]),
+    "shapes_differ": ("ValueError", ["rank 1", "parameters differ"]),
+    "complex_parameter": ("ValueError", ["rank 0", "floating point"]),
+    "backward_passes": ("ValueError", ["rank 0", "backward_passes_per_step"]),
+    "sparse_gradient": ("CollectiveInputError", ["rank 1", "sparse"]),
+}
+
+
+@pytest.mark.parametrize("backend_", ["gloo", "mpi"])
+def test_bad_input_raises_on_every_rank(backend_):
+    results = run_ranks("ranks_optimizer:bad_inputs", np=2, backend=backend_,
+                        kwargs={"cases": list(BAD_CASES)}, timeout=300)
+    for r in results:
+        for case, (error_type, words) in BAD_CASES.items():
+            got = r.value[case]
+            assert got["raised"] == error_type, (r.rank, case, got)
+            for word in words:
+                assert word in got["message"], (r.rank, case, got["message"])
+
+
+def test_process_set_without_this_rank():
+    results = run_ranks("ranks_optimizer:process_set_membership", np=2,
+                        env={"HOROVOD_DYNAMIC_PROCESS_SETS": "1"})
+    assert results[0].value == {"raised": None, "iteration": 2}
+    assert "not in the process set" in results[1].value["raised"]
+
+
+@pytest.mark.parametrize("density", [0.0, -0.1, 1.5, math.nan, math.inf, True, "0.1"])
+def test_factory_rejects_bad_density_outside_a_job(density):
+    with pytest.raises(ValueError, match="density"):
+        hvm.Compression.micro(density=density)
+
+
+def test_dense_path_is_horovods_average():
+    numel, iterations = 257, 3
+    results = run_ranks("ranks_optimizer:dense_paths", np=2,
+                        kwargs={"numel": numel, "iterations": iterations})
+    for t in range(iterations):
+        mean = (rank_gradient(0, t, numel, seed=9) + rank_gradient(1, t, numel, seed=9)) / 2
+        for r in results:
+            for name in ("hvd.none", "hvm.none"):
+                torch.testing.assert_close(torch.tensor(r.value[name]["grads"][t]), mean)
+            torch.testing.assert_close(torch.tensor(r.value["hvd.fp16"]["grads"][t]), mean,
+                                       rtol=2e-3, atol=1e-5)
+    v = results[0].value
+    assert v["hvd.none"]["bytes_sent"] == 2 * v["hvd.fp16"]["bytes_sent"] == 4 * numel
+
+
+def test_horovod_usage_patterns():
+    results = run_ranks("ranks_optimizer:usage_patterns", np=2)
+    for r in results:
+        v = r.value
+        # broadcast_optimizer_state initialises state without an exchange step.
+        assert v["iteration_after_broadcast"] == 0 and not v["stats_after_broadcast"]
+        assert v["iterations"] == 30
+        assert v["params_equal_across_ranks"] and v["clipped"]
+        assert v["last_loss"] < v["first_loss"]
