@@ -20,10 +20,10 @@ def _flat_param_optimizer(numel, compression, **kwargs):
 
 
 def exchange_trace(numel, iterations, density, seed=0, skew=0.0, op="average",
-                   initial_threshold=None, fp16_values=False):
+                   initial_threshold=None, fp16_values=False, error_feedback=True):
     """Per iteration: exchanged gradient, threshold, counts, residual, bytes."""
     compression = hvm.Compression.micro(density=density, initial_threshold=initial_threshold,
-                                        fp16_values=fp16_values)
+                                        fp16_values=fp16_values, error_feedback=error_feedback)
     opt, param = _flat_param_optimizer(numel, compression,
                                        op=hvd.Average if op == "average" else hvd.Sum)
     trace = []

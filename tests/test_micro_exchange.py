@@ -8,7 +8,8 @@ from simulation import contiguous_parts, rank_gradient, simulate_micro
 from horovod_micro.threshold import DensityController
 
 
-def _check_against_simulation(results, n, numel, iterations, seed, skew, average=True):
+def _check_against_simulation(results, n, numel, iterations, seed, skew, average=True,
+                              error_feedback=True, rtol=1e-5, atol=1e-7):
     traces = [r.value for r in results]
     # Identical thresholds on every rank, bit for bit, every iteration.
     for t in range(iterations):
@@ -16,7 +17,8 @@ def _check_against_simulation(results, n, numel, iterations, seed, skew, average
     thresholds = [traces[0][t]["threshold"] for t in range(iterations)]
     grads = [[rank_gradient(r, t, numel, seed, skew) for r in range(n)]
              for t in range(iterations)]
-    sim = simulate_micro(grads, thresholds, n, average=average)
+    sim = simulate_micro(grads, thresholds, n, average=average,
+                         error_feedback=error_feedback)
     parts = contiguous_parts(numel, n)
     for t in range(iterations):
         want = sim[t]
@@ -29,7 +31,7 @@ def _check_against_simulation(results, n, numel, iterations, seed, skew, average
             nz_got = set(torch.nonzero(got).view(-1).tolist())
             nz_want = set(torch.nonzero(want["grad"]).view(-1).tolist())
             assert nz_got == nz_want, (t, r)
-            torch.testing.assert_close(got, want["grad"], rtol=1e-5, atol=1e-7)
+            torch.testing.assert_close(got, want["grad"], rtol=rtol, atol=atol)
             torch.testing.assert_close(torch.tensor(traces[r][t]["residual"]),
                                        want["residual"][r], rtol=1e-5, atol=1e-7)
         union = sum(len(s) for s in want["selections"])
@@ -67,6 +69,30 @@ def test_sum_op_equals_simulation():
                         kwargs={"numel": numel, "iterations": iterations, "density": 0.02,
                                 "seed": seed, "op": "sum"})
     _check_against_simulation(results, 2, numel, iterations, seed, 0.0, average=False)
+
+
+def test_fp16_values_on_the_wire():
+    numel, iterations, seed = 800, 5, 2
+    results = run_ranks("ranks_micro:exchange_trace", np=2,
+                        kwargs={"numel": numel, "iterations": iterations, "density": 0.02,
+                                "seed": seed, "fp16_values": True})
+    traces = _check_against_simulation(results, 2, numel, iterations, seed, 0.0,
+                                       rtol=2e-3, atol=1e-4)
+    # Values travel as 2 bytes: a 2-rank ring allreduce moves 2 x 2 bytes per value,
+    # half of what float32 would.
+    counts = traces[0][1]["rank_counts"]
+    blocks = [4 * (c + 3) for c in counts]
+    assert traces[0][1]["bytes_received"] == sum(blocks) - blocks[0] + 2 * sum(counts)
+
+
+def test_without_error_feedback():
+    numel, iterations, seed = 700, 5, 4
+    results = run_ranks("ranks_micro:exchange_trace", np=2,
+                        kwargs={"numel": numel, "iterations": iterations, "density": 0.02,
+                                "seed": seed, "error_feedback": False})
+    traces = _check_against_simulation(results, 2, numel, iterations, seed, 0.0,
+                                       error_feedback=False)
+    assert all(t["residual_norm"] == 0.0 for t in traces[0])
 
 
 def test_empty_selection_neither_hangs_nor_breaks():
