@@ -95,11 +95,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._groups = _resolve_groups(groups, self._layout)
 
         if self._sparse:
-            self._reducer = SparseReducer(
-                self._layout, compression, self._comm,
-                Reduction(op, 1.0 / gradient_predivide_factor if op == hvd.Average else 1.0,
-                          gradient_predivide_factor if op == hvd.Average else 1.0),
-                stats_callback=self._record)
+            self._reducer = SparseReducer(self._layout, compression, self._comm,
+                                          Reduction(op, *self._scale_factors()),
+                                          stats_callback=self._record)
         if self._sparse or process_set.size() > 1 or os.environ.get("HOROVOD_ELASTIC") == "1":
             self._register_hooks()
 

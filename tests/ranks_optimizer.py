@@ -174,11 +174,14 @@ def process_set_membership():
         opt = hvm.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
                                        compression=hvm.Compression.micro(density=0.05),
                                        process_set=only_zero)
+        x, y = _digits()
+        _train(model, opt, x, y, 0, 3)
+        result = {"raised": None, "iteration": opt.last_stats.iteration}
     except ValueError as error:
-        return {"raised": str(error)}
-    x, y = _digits()
-    _train(model, opt, x, y, 0, 3)
-    return {"raised": None, "iteration": opt.last_stats.iteration}
+        result = {"raised": str(error)}
+    # Rank 1 must not shut Horovod down while rank 0 still uses the process set.
+    hvd.barrier()
+    return result
 
 
 def dense_paths(numel, iterations):
@@ -201,6 +204,30 @@ def dense_paths(numel, iterations):
             grads.append(param.grad.tolist())
             opt.zero_grad(set_to_none=(t % 2 == 0))
         out[name] = {"grads": grads, "bytes_sent": opt.last_stats.bytes_sent}
+    return out
+
+
+def dense_groups(num_groups, iterations):
+    """Dense path with Horovod's fusion groups (``num_groups`` and explicit ``groups``)."""
+    from simulation import rank_gradient
+
+    out = {}
+    for label in ("num_groups", "groups"):
+        params = [torch.nn.Parameter(torch.zeros(n)) for n in (50, 7, 30, 3)]
+        named = [(f"p{i}", p) for i, p in enumerate(params)]
+        kwargs = ({"num_groups": num_groups} if label == "num_groups"
+                  else {"groups": [params[:2], params[2:]]})
+        opt = hvm.DistributedOptimizer(torch.optim.SGD(params, lr=0.0), named_parameters=named,
+                                       compression=hvm.Compression.none, **kwargs)
+        grads = []
+        for t in range(iterations):
+            loss = sum((p * rank_gradient(hvd.rank(), 10 * t + i, p.numel(), seed=5)).sum()
+                       for i, p in enumerate(params))
+            loss.backward()
+            opt.step()
+            grads.append([p.grad.tolist() for p in params])
+            opt.zero_grad()
+        out[label] = grads
     return out
 
 

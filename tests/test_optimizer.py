@@ -93,6 +93,18 @@ def test_dense_path_is_horovods_average():
     assert v["hvd.none"]["bytes_sent"] == 2 * v["hvd.fp16"]["bytes_sent"] == 4 * numel
 
 
+def test_dense_path_with_fusion_groups():
+    iterations, sizes = 2, (50, 7, 30, 3)
+    results = run_ranks("ranks_optimizer:dense_groups", np=2,
+                        kwargs={"num_groups": 2, "iterations": iterations})
+    for r in results:
+        for label in ("num_groups", "groups"):
+            for t in range(iterations):
+                for i, n in enumerate(sizes):
+                    mean = sum(rank_gradient(q, 10 * t + i, n, seed=5) for q in range(2)) / 2
+                    torch.testing.assert_close(torch.tensor(r.value[label][t][i]), mean)
+
+
 def test_horovod_usage_patterns():
     results = run_ranks("ranks_optimizer:usage_patterns", np=2)
     for r in results:
