@@ -1,0 +1,36 @@
+"""Models of the MiCRO paper's experiments (CIFAR, 32x32 inputs) and the embedded default.
+
+``from train.models import resnet18; model = resnet18(num_classes=10)``, or by name through
+:func:`build_model` (what ``--model`` selects).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from torch import nn
+
+from .digits import DigitsCNN, digits_cnn
+from .googlenet import GoogLeNet, googlenet
+from .resnet import ResNet, resnet18
+from .senet import SENet, senet18
+
+MODELS: dict[str, Callable[..., nn.Module]] = {
+    "resnet18": resnet18,
+    "googlenet": googlenet,
+    "senet18": senet18,
+    "digits_cnn": digits_cnn,
+}
+
+
+def build_model(name: str, num_classes: int) -> nn.Module:
+    """The model called ``name`` (one of :data:`MODELS`) with ``num_classes`` outputs."""
+    try:
+        factory = MODELS[name]
+    except KeyError:
+        raise ValueError(f"unknown model {name!r}; choose one of {sorted(MODELS)}") from None
+    return factory(num_classes=num_classes)
+
+
+__all__ = ["MODELS", "DigitsCNN", "GoogLeNet", "ResNet", "SENet", "build_model", "digits_cnn",
+           "googlenet", "resnet18", "senet18"]
