@@ -1,0 +1,229 @@
+"""End-to-end iteration time on a rate-limited link: every method vs the compute-only bound.
+
+What is measured (issue 6): ResNet-18 for CIFAR (11,173,962 parameters), synthetic data,
+batch 32 per rank, SGD (Nesterov 0.9, weight decay 1e-4), 2 ranks over Gloo in a network
+namespace whose loopback is limited by tc tbf (``bench/netns_run.sh``) to 100 Mbit/s,
+1 Gbit/s, or unlimited. In ONE run per link, interleaved round by round (so the noise of a
+shared 2-core machine falls on all of them alike):
+
+* ``compute``: the same loop with the plain optimizer, no exchange (the lower bound);
+* ``none`` / ``fp16``: Horovod's dense allreduce (overlapped with backward by hooks);
+* ``micro`` and the sparse baselines that exist (``topk``, ``threshold``, ``cltk``,
+  ``randomk``, ``gtopk``) at each density.
+
+Per iteration, after an untimed tiny allreduce that lines the ranks up, each rank times
+forward+backward and the optimizer step (``compute``) and ``synchronize()`` (the exchange
+incl. the sparsifier's local work); the iteration time is the slower rank's total, and
+``exchange = iteration - slower rank's compute`` (what the exchange adds). Sparse methods
+start from a calibrated threshold (the k-th largest |g| of a first gradient) so the few
+timed iterations run near the target density; the actual density is reported.
+
+    .venv/bin/python bench/bandwidth.py [--quick] [--rates 100mbit 1gbit none]   (as root)
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path[0] = str(Path(__file__).resolve().parent.parent)  # bench/select.py shadows `select`
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import time  # noqa: E402
+
+from bench.common import horovodrun_cmd, mean, median, run_bounded  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+SPARSE = ("micro", "topk", "threshold", "cltk", "randomk", "gtopk")
+DEFAULT_METHODS = ("compute", "none", "fp16", "micro", "topk", "threshold", "cltk")
+
+
+# --------------------------------------------------------------------------------- ranks
+def make_compressor(hvm, method: str, density: float, threshold: float):
+    factory = getattr(hvm.Compression, method)
+    kwargs = {"density": density}
+    if method == "micro":
+        kwargs["initial_threshold"] = threshold
+    try:
+        return factory(**kwargs)
+    except TypeError:
+        return factory(density)
+
+
+def worker(args) -> None:
+    import horovod.torch as hvd
+    import torch
+
+    import horovod_micro as hvm
+    from bench.common import resnet18
+
+    torch.set_num_threads(1)
+    hvd.init()
+    rank = hvd.rank()
+    torch.manual_seed(100 + rank)
+    x = torch.randn(args.batch, 3, 32, 32)
+    y = torch.randint(0, 10, (args.batch,))
+
+    def calibration_threshold(model, density):
+        model.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        g = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+        k = max(1, int(density * g.numel()))
+        t = torch.tensor([float(torch.topk(g.abs(), k, sorted=False).values.min())])
+        model.zero_grad()
+        return float(hvd.broadcast(t, root_rank=0, name=f"calib.{density}"))
+
+    configs, skipped = [], []
+    for method in args.methods:
+        densities = args.densities if method in SPARSE else [None]
+        if method in SPARSE and not hasattr(hvm.Compression, method):
+            skipped.append(method)
+            continue
+        for d in densities:
+            torch.manual_seed(0)
+            model, source = resnet18()
+            base = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, nesterov=True,
+                                   weight_decay=1e-4)
+            label = method if d is None else f"{method} d={d}"
+            if method == "compute":
+                opt = base
+            else:
+                compression = (getattr(hvm.Compression, method) if d is None else
+                               make_compressor(hvm, method, d, calibration_threshold(model, d)))
+                opt = hvm.DistributedOptimizer(base, named_parameters=model.named_parameters(),
+                                               compression=compression)
+            configs.append({"label": label, "method": method, "density": d, "model": model,
+                            "opt": opt, "iters": []})
+
+    def iteration(cfg):
+        model, opt = cfg["model"], cfg["opt"]
+        hvd.allreduce(torch.zeros(1), name="line-up")
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        t1 = time.perf_counter()
+        if cfg["method"] != "compute":
+            opt.synchronize()
+        t2 = time.perf_counter()
+        if cfg["method"] != "compute":
+            with opt.skip_synchronize():
+                opt.step()
+        else:
+            opt.step()
+        t3 = time.perf_counter()
+        rec = {"compute": (t1 - t0) + (t3 - t2), "sync": t2 - t1, "total": t3 - t0}
+        st = getattr(opt, "last_stats", None)
+        if st is not None:
+            rec.update(select=st.select_time, comm=st.comm_time, sent=st.bytes_sent,
+                       received=st.bytes_received, density=st.density)
+        return rec
+
+    for cfg in configs:  # warm-up: untimed; sparse methods longer, to let density settle
+        cfg["warm_density"] = []
+        for _ in range(args.sparse_warmup if cfg["density"] else args.warmup):
+            rec = iteration(cfg)
+            if cfg["density"]:
+                cfg["warm_density"].append(rec["density"])
+    for _ in range(args.rounds):
+        for cfg in configs:
+            for _ in range(args.per_round):
+                cfg["iters"].append(iteration(cfg))
+
+    per_rank = hvd.allgather_object({c["label"]: c["iters"] for c in configs})
+    if rank == 0:
+        out = {"source": source, "skipped": skipped, "size": hvd.size(), "configs": []}
+        for c in configs:
+            runs = [r[c["label"]] for r in per_rank]  # [rank][iter]
+            its = list(zip(*runs))
+            total = [max(r["total"] for r in it) for it in its]
+            compute = [max(r["compute"] for r in it) for it in its]
+            summary = {"label": c["label"], "method": c["method"], "density": c["density"],
+                       "iters": len(its),
+                       "total": median(total), "total_mean": mean(total),
+                       "compute": median(compute),
+                       "exchange": median([t - cp for t, cp in zip(total, compute)])}
+            r0 = runs[0]
+            for key in ("select", "comm", "sent", "received", "density"):
+                if key in r0[0]:
+                    summary[f"{key}_r0"] = median([r[key] for r in r0])
+            if "density" in r0[0]:
+                summary["density_mean"] = mean([r["density"] for r in r0])
+                summary["density_trajectory"] = c["warm_density"] + [r["density"] for r in r0]
+            out["configs"].append(summary)
+        Path(args.worker).write_text(json.dumps(out, indent=1))
+    hvd.shutdown()
+
+
+# ---------------------------------------------------------------------------- launcher
+def table(rate: str, res: dict) -> str:
+    rows = {c["label"]: c for c in res["configs"]}
+    comp = rows["compute"]["total"]
+    dense = rows.get("none", {}).get("total")
+    lines = [f"### link: {rate} ({res['configs'][0]['iters']} timed iterations per method, "
+             f"medians, model: {res['source']})", "",
+             "| method | iteration s | compute s | exchange s | x compute-only | dense / this |"
+             " select+local s | collectives s | MB sent/rank | actual density |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for c in res["configs"]:
+        def fmt(k, s="{:.3f}", c=c):
+            return s.format(c[k]) if k in c else ""
+
+        lines.append(
+            f"| {c['label']} | {c['total']:.3f} | {c['compute']:.3f} | {c['exchange']:.3f} "
+            f"| {c['total'] / comp:.2f} | {dense / c['total'] if dense else float('nan'):.2f} "
+            f"| {fmt('select_r0')} | {fmt('comm_r0')} "
+            f"| {c['sent_r0'] / 1e6 if 'sent_r0' in c else float('nan'):.3f} "
+            f"| {fmt('density_mean', '{:.5f}')} |")
+    if res["skipped"]:
+        lines.append(f"\nNot available when run: {', '.join(res['skipped'])}.")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rates", nargs="+", default=["100mbit", "1gbit", "none"])
+    ap.add_argument("--methods", nargs="+", default=list(DEFAULT_METHODS))
+    ap.add_argument("--densities", nargs="+", type=float, default=[0.01, 0.001])
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--sparse-warmup", type=int, default=6,
+                    help="untimed iterations of sparse methods (threshold settling)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--per-round", type=int, default=2)
+    ap.add_argument("--np", type=int, default=2)
+    ap.add_argument("--quick", action="store_true",
+                    help="1 round of 1 iteration, 2 sparse warm-ups, density 0.001 only, batch 8")
+    ap.add_argument("--json", type=Path, default=REPO / "bench/results/bandwidth.json")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.quick:
+        args.rounds, args.per_round, args.densities, args.batch = 1, 1, [0.001], 8
+        args.sparse_warmup = 2
+    if args.worker:
+        worker(args)
+        return
+    results = {}
+    for rate in args.rates:
+        out = REPO / f"bench/results/bandwidth-{rate}.part.json"
+        out.unlink(missing_ok=True)
+        argv = [sys.executable, str(Path(__file__).resolve()), "--worker", str(out),
+                "--methods", *args.methods, "--densities", *map(str, args.densities),
+                "--batch", str(args.batch), "--warmup", str(args.warmup),
+                "--sparse-warmup", str(args.sparse_warmup),
+                "--rounds", str(args.rounds), "--per-round", str(args.per_round)]
+        cmd = [str(REPO / "bench/netns_run.sh"), rate, "1500",
+               *horovodrun_cmd(args.np, "gloo", argv)]
+        started = time.time()
+        log = run_bounded(cmd, timeout=1600, env={"PYTHONPATH": str(REPO)})
+        (REPO / f"bench/results/bandwidth-{rate}.log").write_text(log)
+        results[rate] = json.loads(out.read_text())
+        out.unlink()
+        print(table(rate, results[rate]), f"\n\n(wall {time.time() - started:.0f} s)\n",
+              flush=True)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,92 @@
+"""Shared helpers of the benchmarks: the ResNet-18 (CIFAR) model and timing utilities."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+RESNET18_CIFAR_NUMEL = 11_173_962
+
+
+def resnet18(num_classes: int = 10) -> tuple[torch.nn.Module, str]:
+    """ResNet-18 for CIFAR (3x3 stem, no max-pool; 11,173,962 parameters) and its source.
+
+    Uses the project's ``train.models.resnet18`` when it exists; otherwise torchvision's
+    ResNet-18 with the CIFAR stem (the same parameter count and shapes).
+    """
+    try:
+        from train.models import resnet18 as project_resnet18
+
+        return project_resnet18(num_classes=num_classes), "train.models.resnet18"
+    except ImportError:
+        import torchvision
+
+        model = torchvision.models.resnet18(num_classes=num_classes)
+        model.conv1 = torch.nn.Conv2d(3, 64, 3, 1, 1, bias=False)
+        model.maxpool = torch.nn.Identity()
+        return model, "torchvision resnet18, CIFAR stem"
+
+
+def real_gradient(seed: int = 0, batch: int = 32) -> tuple[torch.Tensor, str]:
+    """Flat gradient of ResNet-18 after one backward pass on random CIFAR-shaped data."""
+    torch.manual_seed(seed)
+    model, source = resnet18()
+    x = torch.randn(batch, 3, 32, 32)
+    y = torch.randint(0, 10, (batch,))
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    flat = torch.cat([p.grad.reshape(-1) for _, p in sorted(model.named_parameters())])
+    return flat.contiguous(), source
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def mean(xs: list[float]) -> float:
+    return statistics.fmean(xs) if xs else float("nan")
+
+
+def timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def horovodrun_cmd(np: int, backend: str, argv: list[str], extra_mpi: str = "") -> list[str]:
+    """``horovodrun`` command line for ``np`` local ranks over Gloo or MPI."""
+    import os
+    import sys
+    from pathlib import Path
+
+    exe = str(Path(sys.executable).parent / "horovodrun")
+    cmd = [exe, "-np", str(np), "-H", f"localhost:{np}"]
+    if backend == "gloo":
+        cmd.append("--gloo")
+    else:
+        mpi_args = "--oversubscribe --bind-to none " + extra_mpi
+        if os.geteuid() == 0:
+            mpi_args = "--allow-run-as-root " + mpi_args
+        cmd += ["--mpi", f"--mpi-args={mpi_args.strip()}"]
+    return cmd + argv
+
+
+def run_bounded(cmd: list[str], timeout: float, env: dict | None = None) -> str:
+    """Run ``cmd`` in its own process group; kill the whole group on timeout."""
+    import os
+    import signal
+    import subprocess
+
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
+    proc = subprocess.Popen(cmd, env=full_env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        raise RuntimeError(f"{cmd} timed out after {timeout} s\n{out[-4000:]}") from None
+    if proc.returncode != 0:
+        raise RuntimeError(f"{cmd} exited {proc.returncode}\n{out[-4000:]}")
+    return out

@@ -1,0 +1,163 @@
+"""Selection cost on one CPU thread: MiCRO's partitioned threshold vs Top-k vs full thresholds.
+
+What is measured (issue 3's benchmark): the time one rank spends choosing the coordinates it
+sends, on an 11,173,962-element float32 gradient (ResNet-18 for CIFAR; by default a real
+gradient from one backward pass on random CIFAR-shaped data), at densities 0.01 and 0.001,
+all methods side by side in one run, interleaved, repeated, medians reported:
+
+* ``micro n=..``: ``ThresholdSelector`` (the native one-pass kernel MiCRO uses) over the
+  rank's part, N/n elements, at the threshold that selects ``density`` of that part (what
+  the density controller steers to); the part rotates with the repetition, as in training;
+* ``read floor n=..``: ``torch.sum`` of the same part: one read pass, the physical floor;
+* ``naive nonzero n=..``: ``torch.nonzero(part.abs() >= t)`` (what plain torch would do);
+* ``topk``: ``torch.topk(|g|, k, sorted=False)`` over all N (Top-k, CLT-k's leader);
+* ``threshold native`` / ``threshold torch``: a full-vector hard threshold (Sahu et al.)
+  with the same native kernel and with ``nonzero(|g| >= t)``.
+
+The gradient (44.7 MB) exceeds the 32 MB L3 here; before every timed call a 64 MB buffer is
+read so each call starts from a cold cache, as after a backward pass over a large model
+(``--warm`` skips that). ``torch.set_num_threads(1)``: one core, as one rank of two here.
+
+    .venv/bin/python bench/select.py [--reps 11] [--quick] [--json bench/results/select.json]
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# Run as a script, this file's folder leads sys.path and the file itself would shadow the
+# standard library's ``select`` module: put the repository root there instead.
+sys.path[0] = str(Path(__file__).resolve().parent.parent)
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import platform  # noqa: E402
+import subprocess  # noqa: E402
+
+import torch  # noqa: E402
+
+from bench.common import median, real_gradient, timed  # noqa: E402
+from horovod_micro.partition import part_bounds  # noqa: E402
+from horovod_micro.selection import ThresholdSelector, native_available  # noqa: E402
+
+PARTS = (2, 4, 8, 16)
+DENSITIES = (0.01, 0.001)
+
+
+def kth_magnitude(x: torch.Tensor, count: int) -> float:
+    """The threshold that keeps ``count`` entries of ``x`` (its count-th largest |x|)."""
+    return float(torch.topk(x.abs(), max(count, 1), sorted=False).values.min())
+
+
+def cpu_model() -> str:
+    out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    for line in out.splitlines():
+        if line.startswith("Model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=11)
+    ap.add_argument("--quick", action="store_true", help="3 repetitions, density 0.001 only")
+    ap.add_argument("--warm", action="store_true", help="no cache flush between calls")
+    ap.add_argument("--synthetic", action="store_true",
+                    help="a N(0,1) vector instead of a real ResNet-18 gradient")
+    ap.add_argument("--json", type=Path, help="write the medians here")
+    args = ap.parse_args()
+    reps = 3 if args.quick else args.reps
+    densities = (0.001,) if args.quick else DENSITIES
+    torch.set_num_threads(1)
+
+    if args.synthetic:
+        torch.manual_seed(0)
+        g, source = torch.randn(11_173_962), "N(0,1) synthetic"
+    else:
+        g, source = real_gradient()
+    N = g.numel()
+    flush_buf = torch.ones(16 * 1024 * 1024)  # 64 MB > L3
+
+    def flush():
+        if not args.warm:
+            flush_buf.sum()
+
+    selector = ThresholdSelector(capacity=N // 50)
+    # Thresholds: full vector and every part of every n, each giving exactly `density`.
+    cases = {}
+    for d in densities:
+        k = int(d * N)
+        cases[d] = {"k": k, "t_full": kth_magnitude(g, k), "parts": {}}
+        for n in PARTS:
+            cases[d]["parts"][n] = [(s, e, kth_magnitude(g[s:e], int(d * (e - s))))
+                                    for s, e in part_bounds(N, n)]
+
+    times: dict[tuple[float, str], list[float]] = {}
+    counts: dict[tuple[float, str], int] = {}
+
+    def run(d, label, fn):
+        flush()
+        result = {}
+        times.setdefault((d, label), []).append(timed(lambda: result.setdefault("r", fn())))
+        r = result["r"]
+        if isinstance(r, torch.Tensor) and r.dim() >= 1 and label not in counts:
+            counts[(d, label)] = r.numel() if r.dim() == 1 else r.shape[0]
+
+    for rep in range(reps):
+        for d in densities:
+            c = cases[d]
+            k, t = c["k"], c["t_full"]
+            run(d, "topk (full N)", lambda k=k: torch.topk(g.abs(), k, sorted=False).indices)
+            run(d, "threshold native (full N)", lambda t=t: selector(g, t, 0, N))
+            run(d, "threshold torch (full N)", lambda t=t: torch.nonzero(g.abs() >= t))
+            for n in PARTS:
+                s, e, tp = c["parts"][n][rep % n]
+                part = g[s:e]
+                run(d, f"micro n={n}", lambda p=part, t=tp, s=s: selector(p, t, s, N))
+                run(d, f"read floor n={n}", lambda p=part: torch.sum(p))
+                run(d, f"naive nonzero n={n}", lambda p=part, t=tp: torch.nonzero(p.abs() >= t))
+
+    med = {key: median(v) * 1e3 for key, v in times.items()}
+    print(f"# Selection benchmark: N = {N:,} float32 ({source}), 1 thread, "
+          f"{reps} repetitions, medians, {'warm' if args.warm else 'cold'} cache; "
+          f"native kernel: {native_available()}; CPU: {cpu_model()}\n")
+    header = "| method |" + "".join(
+        f" d={d}: ms | d={d}: topk / this | d={d}: this / floor |" for d in densities)
+    print(header)
+    print("|---|" + "---:|" * (3 * len(densities)))
+    labels = ["topk (full N)", "threshold native (full N)", "threshold torch (full N)"]
+    for n in PARTS:
+        labels += [f"micro n={n}", f"read floor n={n}", f"naive nonzero n={n}"]
+    for label in labels:
+        row = f"| {label} |"
+        for d in densities:
+            ms = med[(d, label)]
+            floor = ""
+            if label.startswith(("micro", "naive")):
+                n = label.split("n=")[1]
+                floor = f"{ms / med[(d, f'read floor n={n}')]:.2f}"
+            row += f" {ms:.2f} | {med[(d, 'topk (full N)')] / ms:.1f} | {floor} |"
+        print(row)
+    print()
+    bars = []
+    for d in densities:
+        for n in PARTS:
+            m = med[(d, f"micro n={n}")]
+            bars.append((d, n, med[(d, "topk (full N)")] / m, m / med[(d, f"read floor n={n}")]))
+    print("| density | n | MiCRO speed-up over topk (bar >= 20) | MiCRO / read floor (bar <= 2) |")
+    print("|---:|---:|---:|---:|")
+    for d, n, up, fl in bars:
+        print(f"| {d} | {n} | {up:.0f}x {'ok' if up >= 20 else 'MISSED'} "
+              f"| {fl:.2f}x {'ok' if fl <= 2 else 'MISSED'} |")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({
+            "numel": N, "source": source, "reps": reps, "warm": args.warm, "cpu": cpu_model(),
+            "median_ms": {f"{d}|{label}": v for (d, label), v in med.items()},
+            "selected": {f"{d}|{label}": v for (d, label), v in counts.items()},
+        }, indent=1))
+
+
+if __name__ == "__main__":
+    main()
