@@ -1,0 +1,274 @@
+"""The training loop of ``python -m train``: one process per rank under ``horovodrun``.
+
+Each iteration is timed phase by phase around the real work: data loading, forward,
+backward, the gradient exchange (``optimizer.synchronize()``, split with the optimizer's
+own ``last_stats`` into selection, communication and the rest) and the parameter update
+(``step()`` inside ``skip_synchronize()``, so it times the update only). On a GPU every
+boundary synchronises the device, so asynchronous kernels are charged to their own phase.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import horovod.torch as hvd
+import torch
+from horovod.torch.compression import Compressor as HorovodCompressor
+from torch.nn import functional as F  # noqa: N812
+
+import horovod_micro as hvm
+
+from . import checkpoint
+from .cli import parse_args
+from .data import Datasets, build_datasets, eval_loader, train_loader
+from .models import build_model
+from .progress import Progress
+from .records import EpochBuffer, RecordWriter
+from .schedule import lr_at, peak_lr
+from .summary import summarize
+
+CHECKPOINT = "checkpoint.pt"
+
+
+def build_compression(name: str, density: float):
+    """``hvm.Compression.<name>``: dense classes as they are, sparse factories called with
+    ``density``. Unknown names list what this horovod_micro offers."""
+    factory = getattr(hvm.Compression, name, None)
+    if factory is None or name.startswith("_"):
+        available = sorted(n for n in vars(hvm.Compression) if not n.startswith("_"))
+        raise ValueError(f"--compressor {name}: this horovod_micro has no "
+                         f"Compression.{name} (available: {', '.join(available)})")
+    if isinstance(factory, type) and issubclass(factory, HorovodCompressor):
+        return factory
+    if "density" in inspect.signature(factory).parameters:
+        return factory(density=density)
+    return factory(density)
+
+
+@dataclass
+class Context:
+    """Everything one rank's loop works with."""
+
+    args: argparse.Namespace
+    device: torch.device
+    data: Datasets
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    train_loader: torch.utils.data.DataLoader
+    sampler: torch.utils.data.distributed.DistributedSampler
+    test_loader: torch.utils.data.DataLoader
+    peak_lr: float
+    sparse: bool
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+
+def setup(args: argparse.Namespace, cifar_classes: dict | None = None) -> Context:
+    """Data, model and distributed optimizer of this rank (after ``hvd.init()``)."""
+    use_cuda = torch.cuda.is_available() and not args.no_cuda
+    if use_cuda:
+        torch.cuda.set_device(hvd.local_rank())
+    device = torch.device("cuda" if use_cuda else "cpu")
+    data = build_datasets(args.dataset, args.data_dir, args.download, args.seed,
+                          args.synthetic_size, cifar_classes)
+    torch.manual_seed(args.seed)  # identical initial weights on every rank
+    model = build_model(args.model, data.num_classes).to(device)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    # From here on each rank draws its own augmentation randomness.
+    torch.manual_seed(args.seed + 1 + hvd.rank())
+    peak = peak_lr(args.lr, args.batch_size, hvd.size(), not args.no_lr_scaling)
+    base = torch.optim.SGD(model.parameters(), lr=peak, momentum=args.momentum,
+                           nesterov=not args.no_nesterov and args.momentum > 0,
+                           weight_decay=args.weight_decay)
+    compression = build_compression(args.compressor, args.density)
+    optimizer = hvm.DistributedOptimizer(base, named_parameters=model.named_parameters(),
+                                         compression=compression)
+    loader, sampler = train_loader(data.train, args.batch_size, args.workers, args.seed,
+                                   pin_memory=use_cuda)
+    tests = eval_loader(data.test, args.test_batch_size, args.workers, pin_memory=use_cuda)
+    return Context(args, device, data, model, optimizer, loader, sampler, tests, peak,
+                   sparse=not isinstance(compression, type))
+
+
+def _local_grad_norm(model: torch.nn.Module) -> float:
+    norms = [p.grad.detach().norm() for p in model.parameters() if p.grad is not None]
+    return float(torch.stack(norms).norm()) if norms else 0.0
+
+
+def train_epoch(ctx: Context, epoch: int, iteration: int, progress: Progress
+                ) -> tuple[list[dict], float]:
+    """One epoch; returns this rank's per-iteration rows and the loop's wall time."""
+    args, model, opt = ctx.args, ctx.model, ctx.optimizer
+    model.train()
+    ctx.sampler.set_epoch(epoch)
+    steps = len(ctx.train_loader)
+    if args.max_iters_per_epoch:
+        steps = min(steps, args.max_iters_per_epoch)
+    rows, start = [], time.perf_counter()
+    batches = iter(ctx.train_loader)
+    for step in range(steps):
+        t0 = time.perf_counter()
+        x, y = next(batches)
+        x, y = x.to(ctx.device, non_blocking=True), y.to(ctx.device, non_blocking=True)
+        lr = lr_at(epoch + step / steps, ctx.peak_lr, hvd.size(), args.warmup_epochs,
+                   args.lr_decay_epochs, args.lr_decay_factor)
+        for group in opt.param_groups:
+            group["lr"] = lr
+        ctx.sync()
+        t1 = time.perf_counter()
+        loss = F.cross_entropy(model(x), y)
+        ctx.sync()
+        t2 = time.perf_counter()
+        loss.backward()
+        ctx.sync()
+        t3 = time.perf_counter()
+        # Untimed: the local gradient's norm scales the residual norm in the figures (dense
+        # gradients are being reduced in place by then, so only sparse methods have it).
+        grad_norm = _local_grad_norm(model) if ctx.sparse else None
+        t3b = time.perf_counter()
+        opt.synchronize()
+        ctx.sync()
+        t4 = time.perf_counter()
+        with opt.skip_synchronize():
+            opt.step()
+        ctx.sync()
+        t5 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        stats = opt.last_stats
+        exchange = t4 - t3b
+        row = {
+            "epoch": epoch, "iteration": iteration, "step": step, "lr": lr,
+            "loss": float(loss.detach()), "data": t1 - t0, "forward": t2 - t1,
+            "backward": t3 - t2, "selection": stats.select_time,
+            "communication": stats.comm_time,
+            "sync_other": max(exchange - stats.select_time - stats.comm_time, 0.0),
+            "update": t5 - t4, "total": (t3 - t0) + (t5 - t3b),
+            "method": stats.method, "density": stats.density,
+            "target_density": stats.target_density, "threshold": stats.threshold,
+            "global_count": stats.global_count, "target_count": stats.target_count,
+            "rank_counts": stats.rank_counts, "load_imbalance": stats.load_imbalance,
+            "bytes_sent": stats.bytes_sent, "bytes_received": stats.bytes_received,
+            "residual_norm": stats.residual_norm if ctx.sparse else None,
+            "grad_norm": grad_norm, "nonfinite": stats.nonfinite, "numel": stats.numel,
+        }
+        rows.append(row)
+        iteration += 1
+        if hvd.rank() == 0:
+            progress.update(epoch, step, steps, row["loss"], stats.density)
+    return rows, time.perf_counter() - start
+
+
+@torch.no_grad()
+def evaluate(ctx: Context) -> tuple[float, float]:
+    """(mean loss, accuracy) over the whole test set, each sample counted once."""
+    ctx.model.eval()
+    totals = torch.zeros(3, dtype=torch.float64)
+    for x, y in ctx.test_loader:
+        x, y = x.to(ctx.device), y.to(ctx.device)
+        out = ctx.model(x)
+        totals[0] += float(F.cross_entropy(out, y, reduction="sum"))
+        totals[1] += float((out.argmax(1) == y).sum())
+        totals[2] += y.numel()
+    totals = hvd.allreduce(totals, op=hvd.Sum, name="train.eval")
+    return float(totals[0] / totals[2]), float(totals[1] / totals[2])
+
+
+def _open_tensorboard(args: argparse.Namespace, out: Path):
+    if not args.tensorboard:
+        return None
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError as error:  # every rank raises the same error before training
+        raise RuntimeError("--tensorboard needs the tensorboard package: "
+                           "pip install 'horovod-micro[tensorboard]'") from error
+    return SummaryWriter(str(out / "tensorboard")) if hvd.rank() == 0 else None
+
+
+def run(args: argparse.Namespace, cifar_classes: dict | None = None) -> dict:
+    """Train as ``args`` say (every rank calls it); returns the run's summary."""
+    started = time.perf_counter()
+    out = Path(args.out)
+    tensorboard = _open_tensorboard(args, out)
+    ctx = setup(args, cifar_classes)
+    rank0 = hvd.rank() == 0
+    start_epoch, iteration, train_time, elapsed0 = 0, 0, 0.0, 0.0
+    if args.resume:
+        path = out / CHECKPOINT if args.resume == "auto" else Path(args.resume)
+        counters = checkpoint.load(path, ctx.model, ctx.optimizer)
+        start_epoch, iteration = counters["epoch"], counters["iteration"]
+        train_time, elapsed0 = counters["train_time"], counters["elapsed"]
+    writer = RecordWriter(out, rank0, start_epoch if args.resume else None)
+    if rank0:
+        config = {**vars(args), "world_size": hvd.size(), "device": str(ctx.device),
+                  "peak_lr": ctx.peak_lr, "parameters": sum(p.numel() for p in
+                                                           ctx.model.parameters()),
+                  "train_samples": len(ctx.data.train), "test_samples": len(ctx.data.test)}
+        (out / "run.json").write_text(json.dumps(config, indent=1))
+    progress = Progress(args.progress, args.epochs)
+    buffer = EpochBuffer()
+    for epoch in range(start_epoch, args.epochs):
+        rows, seconds = train_epoch(ctx, epoch, iteration, progress)
+        iteration += len(rows)
+        for row in rows:
+            buffer.add(row)
+        rows = buffer.aggregate()
+        seconds = float(hvd.allreduce(torch.tensor(seconds), op=hvd.Max, name="train.ep"))
+        train_time += seconds
+        eval_start = time.perf_counter()
+        test_loss, accuracy = evaluate(ctx)
+        record = {
+            "epoch": epoch, "iterations": iteration,
+            "train_loss": sum(r["loss"] for r in rows) / max(len(rows), 1),
+            "test_loss": test_loss, "test_accuracy": accuracy, "epoch_time": seconds,
+            "train_time": train_time, "eval_time": time.perf_counter() - eval_start,
+            "elapsed": elapsed0 + time.perf_counter() - started,
+            "lr": rows[-1]["lr"] if rows else None,
+            "mean_density": sum(r["density"] for r in rows) / max(len(rows), 1),
+        }
+        writer.iterations(rows)
+        writer.epoch(record)
+        _log_tensorboard(tensorboard, rows, record)
+        if rank0:
+            progress.end_epoch(f"epoch {epoch + 1}/{args.epochs}: train loss "
+                               f"{record['train_loss']:.4f}, test accuracy {accuracy:.2%}, "
+                               f"{seconds:.1f} s")
+        checkpoint.save(out / CHECKPOINT, ctx.model, ctx.optimizer, {
+            "epoch": epoch + 1, "iteration": iteration, "train_time": train_time,
+            "elapsed": record["elapsed"], "args": vars(args)})
+    if tensorboard is not None:
+        tensorboard.close()
+    summary = summarize(out) if rank0 else {}
+    return hvd.broadcast_object(summary, root_rank=0, name="train.summary")
+
+
+def _log_tensorboard(tb, rows: list[dict], record: dict) -> None:
+    if tb is None:
+        return
+    for row in rows:
+        for key in ("loss", "lr", "density", "threshold", "residual_norm", "total",
+                    "selection", "communication"):
+            if row.get(key) is not None:
+                tb.add_scalar(f"iteration/{key}", row[key], row["iteration"])
+    for key in ("train_loss", "test_loss", "test_accuracy", "epoch_time", "mean_density"):
+        tb.add_scalar(f"epoch/{key}", record[key], record["epoch"])
+    tb.add_scalar("wall/test_accuracy", record["test_accuracy"], int(record["train_time"]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    hvd.init()
+    summary = run(args)
+    if hvd.rank() == 0:
+        from .summary import format_summary, write_figures
+        figures = None if args.no_plots else write_figures(Path(args.out))
+        print(format_summary(summary, figures), flush=True)
+    sys.stderr.flush()
+    return 0
