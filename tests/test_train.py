@@ -1,0 +1,102 @@
+"""``python -m train`` end to end on 2 real Gloo ranks (the embedded digits run).
+
+Stated accuracy: the digits recipe shortened to 4 epochs (lr decay at epoch 3) reaches at
+least 90 % test accuracy with MiCRO at density 0.01, and dense training with the same recipe
+reaches it too. Resuming from the epoch checkpoints ends with exactly the parameters, residuals
+and threshold state of the uninterrupted run.
+"""
+
+import json
+import sys
+
+import pytest
+import torch
+from multirank import run_script
+
+from train.plot import make_figures
+from train.records import MAX_FIELDS, MEAN_FIELDS
+
+RECIPE = ["--epochs", "4", "--lr-decay-epochs", "3", "--progress", "lines"]
+ACCURACY = 0.90
+
+
+def train(out, *flags):
+    return run_script([sys.executable, "-m", "train", "--out", str(out), *RECIPE, *flags])
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """One MiCRO and one dense run of the shortened embedded recipe."""
+    base = tmp_path_factory.mktemp("train")
+    micro = base / "micro"
+    dense = base / "dense"
+    return {"micro": (micro, train(micro, "--compressor", "micro")),
+            "dense": (dense, train(dense, "--compressor", "none", "--no-plots"))}
+
+
+def read(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_micro_reaches_the_stated_accuracy_and_writes_everything(runs):
+    out, log = runs["micro"]
+    epochs = read(out / "epochs.jsonl")
+    assert [e["epoch"] for e in epochs] == [0, 1, 2, 3]
+    assert epochs[-1]["test_accuracy"] >= ACCURACY
+    iterations = read(out / "iterations.jsonl")
+    assert len(iterations) == epochs[-1]["iterations"] == 4 * 23  # 1437 samples / 2 / 32
+    for row in iterations:
+        assert row["method"] == "micro" and row["target_density"] == 0.01
+        assert row["threshold"] > 0 and row["residual_norm"] >= 0
+        assert all(row[f] >= 0 for f in MAX_FIELDS + MEAN_FIELDS)
+        assert row["total"] >= max(row["forward"], row["backward"])  # each: slowest rank
+    mean_density = sum(r["density"] for r in iterations) / len(iterations)
+    assert 0.002 < mean_density < 0.05
+    ckpt = torch.load(out / "checkpoint.pt", weights_only=False)
+    assert ckpt["epoch"] == 4 and ckpt["world_size"] == 2 and len(ckpt["rank_states"]) == 2
+    assert ckpt["rank_states"][0]["sparse"]["residual"].numel() == iterations[0]["numel"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["final_accuracy"] == epochs[-1]["test_accuracy"]
+    assert summary["bytes_ratio"] < 0.2
+    # The one-screen summary and where the figures went, printed by rank 0 only.
+    assert log.count("test accuracy   :") == 1 and "density         :" in log
+    assert "time/iteration  :" in log and f"figures         : {out}/figures" in log
+    for name in ("accuracy_vs_time", "density", "threshold_residual", "time_breakdown"):
+        assert (out / "figures" / f"{name}.png").stat().st_size > 1000
+
+
+def test_dense_with_the_same_recipe_reaches_it_too(runs):
+    out, _ = runs["dense"]
+    epochs = read(out / "epochs.jsonl")
+    assert epochs[-1]["test_accuracy"] >= ACCURACY
+    assert all(r["density"] == 1.0 for r in read(out / "iterations.jsonl"))
+
+
+def test_plot_command_draws_several_runs(runs, tmp_path):
+    paths = make_figures([runs["micro"][0], runs["dense"][0]], tmp_path)
+    assert len(paths) == 4
+    for path in paths:
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 1000
+
+
+def test_resume_reproduces_the_uninterrupted_run(runs, tmp_path):
+    straight, _ = runs["micro"]
+    split = tmp_path / "split"
+    train(split, "--epochs", "2", "--no-plots")
+    log = train(split, "--resume", "--no-plots")  # to RECIPE's 4 epochs
+    assert "epoch 1/4" not in log and "epoch 3/4" in log  # started at the third epoch
+    a = torch.load(straight / "checkpoint.pt", weights_only=False)
+    b = torch.load(split / "checkpoint.pt", weights_only=False)
+    assert (a["epoch"], a["iteration"]) == (b["epoch"], b["iteration"]) == (4, 92)
+    for key, value in a["model"].items():
+        assert torch.equal(value, b["model"][key]), key
+    for ra, rb in zip(a["rank_states"], b["rank_states"]):
+        assert torch.equal(ra["sparse"]["residual"], rb["sparse"]["residual"])
+        assert ra["sparse"]["sparsifier"] == rb["sparse"]["sparsifier"]
+        assert ra["sparse"]["iteration"] == rb["sparse"]["iteration"] == 92
+    for key, state in a["optimizer"]["state"].items():
+        assert torch.equal(state["momentum_buffer"],
+                           b["optimizer"]["state"][key]["momentum_buffer"])
+    # The resumed run's records continue the first part's without a gap or a repeat.
+    assert [r["iteration"] for r in read(split / "iterations.jsonl")] == list(range(92))
+    assert [e["epoch"] for e in read(split / "epochs.jsonl")] == [0, 1, 2, 3]

@@ -1,0 +1,56 @@
+"""The stable CLI of ``python -m train`` and the recipe it fills in (one process)."""
+
+import pytest
+
+from train.cli import DATASETS, RECIPES, build_parser, parse_args
+from train.schedule import lr_at, peak_lr
+from train.trainer import build_compression
+
+
+def test_bare_command_is_the_embedded_digits_run():
+    args = parse_args([])
+    assert (args.dataset, args.model, args.compressor) == ("digits", "digits_cnn", "micro")
+    assert (args.epochs, args.density, args.out) == (12, 0.01, "runs/default")
+    assert not args.download and args.resume is None
+
+
+def test_cifar_defaults_are_the_papers_recipe():
+    args = parse_args(["--dataset", "cifar10"])
+    assert (args.model, args.epochs, args.batch_size, args.lr) == ("resnet18", 200, 32, 0.1)
+    assert (args.warmup_epochs, args.lr_decay_epochs, args.lr_decay_factor) == (5, [150], 0.1)
+    assert (args.momentum, args.no_nesterov, args.weight_decay) == (0.9, False, 1e-4)
+    assert args.density == 0.001
+    # lr 0.1 * 32/128 * n; warm-up from the single-worker value; decay at 150.
+    peak = peak_lr(args.lr, args.batch_size, 16)
+    assert peak == pytest.approx(0.4)
+    assert lr_at(0.0, peak, 16, 5, [150], 0.1) == pytest.approx(0.4 / 16)
+    assert lr_at(5.0, peak, 16, 5, [150], 0.1) == pytest.approx(0.4)
+    assert lr_at(150.0, peak, 16, 5, [150], 0.1) == pytest.approx(0.04)
+
+
+def test_every_recipe_value_can_be_overridden():
+    args = parse_args(["--dataset", "cifar100", "--model", "senet18", "--epochs", "3",
+                       "--density", "0.05", "--warmup-epochs", "0", "--lr-decay-epochs",
+                       "1", "2", "--workers", "0", "--resume", "--tensorboard"])
+    assert (args.model, args.epochs, args.density, args.warmup_epochs) == ("senet18", 3,
+                                                                           0.05, 0)
+    assert args.lr_decay_epochs == [1, 2] and args.workers == 0
+    assert args.resume == "auto" and args.tensorboard
+    assert set(RECIPES) == set(DATASETS)
+    assert build_parser().get_default("dataset") == "digits"
+
+
+@pytest.mark.parametrize("argv", [["--density", "0"], ["--density", "2"], ["--epochs", "0"],
+                                  ["--dataset", "imagenet"]])
+def test_bad_values_are_refused(argv):
+    with pytest.raises(SystemExit):
+        parse_args(argv)
+
+
+def test_compressor_names_map_to_horovod_micro():
+    import horovod_micro as hvm
+    assert build_compression("none", 0.01) is hvm.Compression.none
+    assert build_compression("fp16", 0.01) is hvm.Compression.fp16
+    assert build_compression("micro", 0.01).density == 0.01
+    with pytest.raises(ValueError, match="no Compression.nope .*micro"):
+        build_compression("nope", 0.01)
