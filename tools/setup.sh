@@ -127,16 +127,22 @@ if ! horovod_ok; then
         # (CMake 4 refuses Horovod's bundled Gloo unless the policy minimum is set above).
         "${PIP[@]}" cloudpickle psutil pyyaml packaging cffi
         TMP_WHEELS="$(mktemp -d)"
-        env "${BUILD_ENV[@]}" "$PY" -m pip wheel --no-build-isolation --no-deps \
-            --no-binary horovod -w "$TMP_WHEELS" "horovod==$HOROVOD_VERSION"
+        # --no-cache-dir: pip's own wheel cache would hand back a Horovod built earlier
+        # with other options (e.g. without NCCL) or against another torch.
+        env "${BUILD_ENV[@]}" "$PY" -m pip wheel --no-cache-dir --no-build-isolation \
+            --no-deps --no-binary horovod -w "$TMP_WHEELS" "horovod==$HOROVOD_VERSION"
         mv "$TMP_WHEELS"/horovod-*.whl "$KEY_DIR"/
         rm -rf "$TMP_WHEELS"
     fi
     log "installing Horovod from $KEY_DIR"
     "${PIP[@]}" --force-reinstall --no-deps "$KEY_DIR"/horovod-*.whl
     "${PIP[@]}" cloudpickle psutil pyyaml packaging cffi
-    horovod_ok || { log "Horovod installed but cannot load with Gloo and MPI${GPU_OPS:+ and $GPU_OPS}"
-                    exit 1; }
+    if ! horovod_ok; then
+        log "Horovod installed but cannot load with Gloo and MPI${GPU_OPS:+ and $GPU_OPS};" \
+            "removing the wheel from $KEY_DIR so that the next run builds it again"
+        rm -f "$KEY_DIR"/horovod-*.whl
+        exit 1
+    fi
 fi
 
 if [ "${HVM_DEPS_ONLY:-0}" = 1 ]; then
