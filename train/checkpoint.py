@@ -19,6 +19,8 @@ import horovod.torch as hvd
 import numpy as np
 import torch
 
+from .cli import TrainError
+
 FORMAT = 1
 SPARSE_KEY = "horovod_micro"  # where hvm.DistributedOptimizer.state_dict keeps its state
 
@@ -80,7 +82,7 @@ def load(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -
             error = f"cannot read checkpoint {path}: {exc}"
     error = hvd.broadcast_object(error, root_rank=0, name="train.ckpt.error")
     if error is not None:
-        raise RuntimeError(error)
+        raise TrainError(error)
     shared = None
     if hvd.rank() == 0:
         shared = {k: v for k, v in payload.items() if k != "rank_states"}

@@ -11,6 +11,12 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
+
+class TrainError(RuntimeError):
+    """A problem with the user's input or files (missing data, unknown compressor, bad
+    checkpoint): ``python -m train`` prints it without a traceback and exits with 2."""
+
+
 KNOWN_COMPRESSORS = ("micro", "topk", "cltk", "threshold", "randomk", "gtopk", "none", "fp16")
 DATASETS = ("digits", "cifar10", "cifar100", "synthetic")
 

@@ -19,6 +19,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
+from .cli import TrainError
+
 # Per-channel mean/std of the training images (the usual CIFAR normalisation constants).
 CIFAR_STATS = {
     "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
@@ -30,6 +32,10 @@ CIFAR_LAYOUT = {
                  "data_batch_5", "test_batch", "batches.meta"]),
     "cifar100": ("cifar-100-python", ["train", "test", "meta"]),
 }
+
+
+class DataNotFoundError(TrainError, FileNotFoundError):
+    """The dataset's files are not where ``--data-dir`` says."""
 
 
 @dataclass
@@ -105,7 +111,7 @@ def cifar_datasets(name: str, root: Path, download: bool, cls: type) -> Datasets
         hvd.barrier()
     missing = [f for f in files if not (root / folder / f).is_file()]
     if missing:
-        raise FileNotFoundError(
+        raise DataNotFoundError(
             f"{name} not found: expected {root / folder}/ holding {', '.join(files)} "
             f"(missing: {', '.join(missing)}). This is the layout of the official python "
             f"archive extracted into --data-dir {root}; pass --download to fetch it.")
@@ -119,7 +125,7 @@ def cifar_datasets(name: str, root: Path, download: bool, cls: type) -> Datasets
         train = cls(root, train=True, transform=train_tf)
         test = cls(root, train=False, transform=test_tf)
     except RuntimeError as error:
-        raise RuntimeError(f"{name} in {root / folder} failed torchvision's md5 check ("
+        raise TrainError(f"{name} in {root / folder} failed torchvision's md5 check ("
                            f"{error}); remove it and pass --download, or replace the files "
                            "with the official archive's") from error
     return Datasets(train, test, len(train.classes), 3, 32)

@@ -1,7 +1,7 @@
 """Rank 0's progress display on stderr: a redrawn bar on a terminal, periodic lines in logs.
 
 Under ``horovodrun`` a rank's stderr is a pipe read line by line, so a carriage-return bar
-would only appear when the epoch ends; ``lines`` mode prints about ten lines per epoch.
+would only appear when the epoch ends; ``lines`` mode prints a line per quarter epoch.
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ class Progress:
             self.stream.write(f"\r[{'#' * filled}{'.' * (30 - filled)}] {text}")
             self.stream.flush()
             return
-        tenth = 10 * done // max(steps, 1)
-        if tenth != self._last_line and (tenth > 0 or done == 1):
-            self._last_line = tenth
+        quarter = 4 * done // max(steps, 1)
+        if quarter != self._last_line and (quarter > 0 or done == 1):
+            self._last_line = quarter
             self.stream.write(f"{int(100 * done / max(steps, 1)):>3}% {text}\n")
             self.stream.flush()
 

@@ -75,7 +75,9 @@ def format_summary(s: dict, figures: str | None = None) -> str:
         lines.append(f"density         : {s['mean_density']:.5g} mean actual vs "
                      f"{s['target_density']:.5g} target (min {s['min_density']:.5g}, "
                      f"max {s['max_density']:.5g})")
-    if s["bytes_ratio"] is not None:
+    if s["world_size"] == 1:
+        lines.append("bytes/iteration : none (a single rank exchanges nothing)")
+    elif s["bytes_ratio"] is not None:
         lines.append(f"bytes/iteration : {_bytes(s['bytes_sent_per_iteration'])} sent by the "
                      f"slowest rank vs {_bytes(s['dense_bytes_per_iteration'])} for a dense "
                      f"fp32 allreduce ({s['bytes_ratio']:.2%})")

@@ -25,7 +25,7 @@ from torch.nn import functional as F  # noqa: N812
 import horovod_micro as hvm
 
 from . import checkpoint
-from .cli import parse_args
+from .cli import TrainError, parse_args
 from .data import Datasets, build_datasets, eval_loader, train_loader
 from .models import build_model
 from .progress import Progress
@@ -36,13 +36,17 @@ from .summary import summarize
 CHECKPOINT = "checkpoint.pt"
 
 
+class UnknownCompressorError(TrainError, ValueError):
+    """``--compressor`` names nothing in ``hvm.Compression``."""
+
+
 def build_compression(name: str, density: float):
     """``hvm.Compression.<name>``: dense classes as they are, sparse factories called with
     ``density``. Unknown names list what this horovod_micro offers."""
     factory = getattr(hvm.Compression, name, None)
     if factory is None or name.startswith("_"):
         available = sorted(n for n in vars(hvm.Compression) if not n.startswith("_"))
-        raise ValueError(f"--compressor {name}: this horovod_micro has no "
+        raise UnknownCompressorError(f"--compressor {name}: this horovod_micro has no "
                          f"Compression.{name} (available: {', '.join(available)})")
     if isinstance(factory, type) and issubclass(factory, HorovodCompressor):
         return factory
@@ -187,7 +191,7 @@ def _open_tensorboard(args: argparse.Namespace, out: Path):
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError as error:  # every rank raises the same error before training
-        raise RuntimeError("--tensorboard needs the tensorboard package: "
+        raise TrainError("--tensorboard needs the tensorboard package: "
                            "pip install 'horovod-micro[tensorboard]'") from error
     return SummaryWriter(str(out / "tensorboard")) if hvd.rank() == 0 else None
 
@@ -265,7 +269,12 @@ def _log_tensorboard(tb, rows: list[dict], record: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     hvd.init()
-    summary = run(args)
+    try:
+        summary = run(args)
+    except TrainError as error:  # raised alike on every rank: report once, no traceback
+        if hvd.rank() == 0:
+            print(f"python -m train: error: {error}", file=sys.stderr, flush=True)
+        return 2
     if hvd.rank() == 0:
         from .summary import format_summary, write_figures
         figures = None if args.no_plots else write_figures(Path(args.out))
