@@ -14,7 +14,10 @@ shared 2-core machine falls on all of them alike):
 Per iteration, after an untimed tiny allreduce that lines the ranks up, each rank times
 forward+backward and the optimizer step (``compute``) and ``synchronize()`` (the exchange
 incl. the sparsifier's local work); the iteration time is the slower rank's total, and
-``exchange = iteration - slower rank's compute`` (what the exchange adds). Sparse methods
+``exchange = iteration - slower rank's compute`` (what the exchange adds). Bytes: the
+optimizer's ring-model count (``last_stats.bytes_sent``) and, as a check, the bytes that
+really crossed the namespace's loopback during the iteration (all ranks, TCP payload and
+headers, Horovod's negotiation and the two line-up allreduces included). Sparse methods
 start from a calibrated threshold (the k-th largest |g| of a first gradient) so the few
 timed iterations run near the target density; the actual density is reported.
 
@@ -96,9 +99,12 @@ def worker(args) -> None:
             configs.append({"label": label, "method": method, "density": d, "model": model,
                             "opt": opt, "iters": []})
 
+    lo_tx = Path("/sys/class/net/lo/statistics/tx_bytes")
+
     def iteration(cfg):
         model, opt = cfg["model"], cfg["opt"]
         hvd.allreduce(torch.zeros(1), name="line-up")
+        wire0 = int(lo_tx.read_text())
         t0 = time.perf_counter()
         opt.zero_grad()
         torch.nn.functional.cross_entropy(model(x), y).backward()
@@ -112,11 +118,14 @@ def worker(args) -> None:
         else:
             opt.step()
         t3 = time.perf_counter()
-        rec = {"compute": (t1 - t0) + (t3 - t2), "sync": t2 - t1, "total": t3 - t0}
+        hvd.allreduce(torch.zeros(1), name="line-up-end")
+        rec = {"compute": (t1 - t0) + (t3 - t2), "sync": t2 - t1, "total": t3 - t0,
+               "wire": int(lo_tx.read_text()) - wire0}
         st = getattr(opt, "last_stats", None)
         if st is not None:
             rec.update(select=st.select_time, comm=st.comm_time, sent=st.bytes_sent,
-                       received=st.bytes_received, density=st.density)
+                       received=st.bytes_received, density=st.density,
+                       counts=sum(st.rank_counts), max_count=max(st.rank_counts))
         return rec
 
     for cfg in configs:  # warm-up: untimed; sparse methods longer, to let density settle
@@ -142,15 +151,26 @@ def worker(args) -> None:
                        "iters": len(its),
                        "total": median(total), "total_mean": mean(total),
                        "compute": median(compute),
-                       "exchange": median([t - cp for t, cp in zip(total, compute)])}
+                       "exchange": median([t - cp for t, cp in zip(total, compute)]),
+                       "round_totals": [mean(total[i:i + args.per_round])
+                                        for i in range(0, len(total), args.per_round)]}
             r0 = runs[0]
-            for key in ("select", "comm", "sent", "received", "density"):
+            for key in ("select", "comm", "sent", "received", "density", "wire", "counts",
+                        "max_count"):
                 if key in r0[0]:
                     summary[f"{key}_r0"] = median([r[key] for r in r0])
             if "density" in r0[0]:
                 summary["density_mean"] = mean([r["density"] for r in r0])
                 summary["density_trajectory"] = c["warm_density"] + [r["density"] for r in r0]
             out["configs"].append(summary)
+        # Paired ratios: each round ran every method back to back, so a ratio within a
+        # round cancels load that other processes put on the machine for that round.
+        by = {c["label"]: c["round_totals"] for c in out["configs"]}
+        for c in out["configs"]:
+            own = c["round_totals"]
+            c["paired_x_compute"] = median([a / b for a, b in zip(own, by["compute"])])
+            if "none" in by:
+                c["paired_dense_over"] = median([b / a for a, b in zip(own, by["none"])])
         Path(args.worker).write_text(json.dumps(out, indent=1))
     hvd.shutdown()
 
@@ -162,18 +182,23 @@ def table(rate: str, res: dict) -> str:
     dense = rows.get("none", {}).get("total")
     lines = [f"### link: {rate} ({res['configs'][0]['iters']} timed iterations per method, "
              f"medians, model: {res['source']})", "",
-             "| method | iteration s | compute s | exchange s | x compute-only | dense / this |"
-             " select+local s | collectives s | MB sent/rank | actual density |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| method | iteration s | compute s | sync wait s | over compute-only s "
+             "| x compute-only | dense / this | x compute-only, paired | dense / this, paired |"
+             " select+local s | collectives s | MB sent/rank | MB on lo (all ranks) "
+             "| actual density |",
+             "|---|" + "---:|" * 13]
     for c in res["configs"]:
         def fmt(k, s="{:.3f}", c=c):
             return s.format(c[k]) if k in c else ""
 
         lines.append(
             f"| {c['label']} | {c['total']:.3f} | {c['compute']:.3f} | {c['exchange']:.3f} "
+            f"| {c['total'] - comp:+.3f} "
             f"| {c['total'] / comp:.2f} | {dense / c['total'] if dense else float('nan'):.2f} "
+            f"| {c['paired_x_compute']:.2f} | {c.get('paired_dense_over', float('nan')):.2f} "
             f"| {fmt('select_r0')} | {fmt('comm_r0')} "
             f"| {c['sent_r0'] / 1e6 if 'sent_r0' in c else float('nan'):.3f} "
+            f"| {c['wire_r0'] / 1e6:.3f} "
             f"| {fmt('density_mean', '{:.5f}')} |")
     if res["skipped"]:
         lines.append(f"\nNot available when run: {', '.join(res['skipped'])}.")
@@ -189,8 +214,8 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--sparse-warmup", type=int, default=6,
                     help="untimed iterations of sparse methods (threshold settling)")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--per-round", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--per-round", type=int, default=1)
     ap.add_argument("--np", type=int, default=2)
     ap.add_argument("--quick", action="store_true",
                     help="1 round of 1 iteration, 2 sparse warm-ups, density 0.001 only, batch 8")

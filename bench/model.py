@@ -1,0 +1,283 @@
+"""Scaling model: per-iteration time and bytes per rank for n = 2 ... 256 ranks.
+
+Inputs are measured (``bench/select.py`` -> selection cost, ``bench/bandwidth.py`` -> compute
+time, local sparse-pipeline cost, fixed per-exchange latency, bytes per rank); only the
+link bandwidth ``B`` and, for the cluster projection, the per-step latency are assumed.
+
+Bytes one rank sends per iteration (ring algorithms, as ``horovod_micro.stats`` counts;
+N elements, k = d N, 4-byte indices and values, h = 3 header words per gathered block):
+
+    dense (none)   2 (n-1)/n * 4N                     ring allreduce of N floats
+    fp16           2 (n-1)/n * 2N
+    micro          (n-1)/n * 4 (k + n h)              allgather of the owners' indices
+                   + 2 (n-1)/n * 4k                   allreduce of k values at the union
+                   -> < 12k + 4nh: independent of n (the ideal: 12k (n-1)/n)
+    topk           (n-1) * 4 (k + h) + (n-1) * 4k     allgather of n*k (index, value) pairs
+    threshold      same as topk with k_r = each rank's count (~k when tuned to density d)
+    cltk           4k (pipelined broadcast of the leader's k indices) + 2 (n-1)/n * 4k
+    randomk        2 (n-1)/n * 4k                     indices from a shared seed
+    gtopk          log2(n) * 8k (pairwise merges) + 8k (broadcast of the result)
+
+Iteration time, no overlap of computation and communication:
+
+    T(n) = T_compute + T_select(n) + T_local + S(n) * f / B + T_lat(n)
+
+* ``T_select``: micro: the native threshold pass over N/n (measured at n = 2, 4, 8, 16,
+  ~ 1/n beyond); topk and cltk: ``torch.topk`` over N; threshold: the native pass over N;
+  dense: 0.
+* ``T_local``: the sparse pipeline's O(N) work besides selection (flatten + residual,
+  norm, zero/scatter the output, write-back), measured in ``bandwidth.py`` as micro's
+  ``select_time`` minus its selection; independent of n.
+* ``f``: on this machine's emulation every rank's traffic goes through ONE tbf queue on
+  the namespace's loopback, so a ring step moves n * S bytes through the bottleneck
+  (f = n); on a cluster with one full-duplex link per node, f = 1.
+* ``T_lat``: per exchange on this machine, the measured collective time on the unlimited
+  link (Horovod negotiation + Gloo); on a cluster, alpha * (ring steps), with alpha
+  assumed (default 50 us): allreduce 2(n-1) steps, allgather (n-1), broadcast n-1.
+* dense: Horovod overlaps its allreduce with backward, so the real time lies between
+  ``max(T_compute, wire)`` and the no-overlap sum; the table shows the no-overlap sum.
+
+First the model is checked against every measured configuration (n = 2, and n = 3, 4
+when ``--check`` files are given); then it projects n = 2 ... 256.
+
+    .venv/bin/python bench/model.py [--bandwidth bench/results/bandwidth.json]
+        [--check bench/results/bandwidth-n3.json bench/results/bandwidth-n4.json]
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path[0] = str(Path(__file__).resolve().parent.parent)  # bench/select.py shadows `select`
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+N = 11_173_962
+H = 3
+RATES = {"100mbit": 100e6 / 8, "1gbit": 1e9 / 8, "10gbit": 10e9 / 8, "none": math.inf}
+SPARSE = ("micro", "topk", "threshold", "cltk", "randomk", "gtopk")
+
+
+def sent_bytes(method: str, n: int, k: float, rank_count: float | None = None) -> float:
+    """Bytes one rank sends per iteration (see the module docstring)."""
+    if n < 2:
+        return 0.0
+    r = (n - 1) / n
+    kr = k if rank_count is None else rank_count
+    return {
+        "none": 2 * r * 4 * N,
+        "fp16": 2 * r * 2 * N,
+        "micro": r * 4 * (k + n * H) + 2 * r * 4 * k,
+        "topk": (n - 1) * 4 * (kr + H) + (n - 1) * 4 * kr,
+        "threshold": (n - 1) * 4 * (kr + H) + (n - 1) * 4 * kr,
+        "cltk": 4 * k + 2 * r * 4 * k,
+        "randomk": 2 * r * 4 * k,
+        "gtopk": math.log2(n) * 8 * k + 8 * k,
+    }[method]
+
+
+def ideal_bytes(n: int, k: float) -> float:
+    """Gather k int32 indices and allreduce k float32 values, ring: 12k (n-1)/n."""
+    return 12 * k * (n - 1) / n
+
+
+def ring_steps(method: str, n: int) -> int:
+    return {"none": 2 * (n - 1), "fp16": 2 * (n - 1), "micro": 3 * (n - 1),
+            "topk": 2 * (n - 1), "threshold": 2 * (n - 1), "cltk": 3 * (n - 1),
+            "randomk": 2 * (n - 1), "gtopk": 2 * math.ceil(math.log2(n)) + n - 1}[method]
+
+
+class Inputs:
+    """Measured inputs: selection costs, local pipeline cost, fixed exchange latency."""
+
+    def __init__(self, select: dict, bandwidth: dict):
+        med = select["median_ms"]
+        self.sel = {}
+        for d in (0.01, 0.001):
+            for label, method in (("topk (full N)", "topk"), ("topk (full N)", "cltk"),
+                                  ("threshold native (full N)", "threshold")):
+                self.sel[(method, d)] = med[f"{d}|{label}"] / 1e3
+            self.sel[("micro", d)] = {n: med[f"{d}|micro n={n}"] / 1e3 for n in (2, 4, 8, 16)}
+        base = bandwidth.get("none") or next(iter(bandwidth.values()))
+        rows = {c["label"]: c for c in base["configs"]}
+        self.compute = rows["compute"]["total"]
+        # Local O(N) work besides selection and the fixed exchange latency, from micro.
+        self.local, self.lat = {}, {}
+        for d in (0.01, 0.001):
+            c = rows.get(f"micro d={d}")
+            if c is not None:
+                self.local[d] = max(c["select_r0"] - self.select("micro", 2, d), 0.0)
+        for label, c in rows.items():
+            if label != "compute":
+                self.lat[c["method"]] = max(c["total"] - self.compute, 0.0)
+
+    def select(self, method: str, n: int, d: float) -> float:
+        if method == "micro":
+            table = self.sel[("micro", d)]
+            if n in table:
+                return table[n]
+            return table[16] * 16 / n if n > 16 else table[2] * 2 / n
+        if method in ("none", "fp16", "randomk", "gtopk"):
+            return self.sel.get(("topk", d), 0.0) if method == "gtopk" else 0.0
+        return self.sel[(method, d)]
+
+    def local_cost(self, method: str, d: float) -> float:
+        return 0.0 if method in ("none", "fp16") else self.local.get(d, 0.0)
+
+
+def predict(inp: Inputs, method: str, n: int, d: float | None, bandwidth: float,
+            compute: float, shared_link: bool, alpha: float | None,
+            counts: tuple[float, float] | None = None) -> float:
+    """Predicted iteration time (s); ``alpha=None`` uses this machine's measured latency."""
+    d = d or 0.001
+    k = d * N
+    if counts is not None:
+        k, per_rank = counts
+    else:
+        per_rank = None
+    wire = sent_bytes(method, n, k, per_rank) * (n if shared_link else 1) / bandwidth
+    lat = inp.lat.get(method, 0.0) if alpha is None else alpha * ring_steps(method, n)
+    return compute + inp.select(method, n, d) + inp.local_cost(method, d) + wire + lat
+
+
+def label_parts(label: str) -> tuple[str, float | None]:
+    if " d=" in label:
+        m, d = label.split(" d=")
+        return m, float(d)
+    return label, None
+
+
+def check(inp: Inputs, runs: dict[str, dict], n_of: dict[str, int]) -> list[str]:
+    """Model vs measurement for every measured configuration (emulated shared link)."""
+    out = ["| n | link | method | measured s | model s | model / measured |"
+           " bytes/rank measured | model at measured counts | ratio |",
+           "|---:|---|---|---:|---:|---:|---:|---:|---:|"]
+    for name, res in runs.items():
+        for rate, r in res.items():
+            rows = {c["label"]: c for c in r["configs"]}
+            comp = rows["compute"]["total"]
+            n = n_of[name]
+            for c in r["configs"]:
+                if c["label"] == "compute":
+                    continue
+                m, d = label_parts(c["label"])
+                counts = None
+                if "counts_r0" in c and m in SPARSE:
+                    per_rank = c["counts_r0"] / n if m in ("micro", "cltk", "randomk") else (
+                        c["counts_r0"] / n)
+                    counts = (c["counts_r0"] if m == "micro" else c.get("density_r0", 0) * N,
+                              per_rank)
+                if rate == "none" or n != 2 and m not in inp.lat:
+                    lat_inp = inp
+                else:
+                    lat_inp = inp
+                t = predict(lat_inp, m, n, d, RATES[rate], comp, True, None,
+                            counts if m == "micro" else None)
+                if rate == "none":
+                    t = comp + inp.lat.get(m, 0.0)  # the latency term *is* that measurement
+                b_meas = c.get("sent_r0")
+                b_mod = (sent_bytes(m, n, counts[0] if counts else (d or 1) * N,
+                                    counts[1] if counts else None) if b_meas else None)
+                out.append(
+                    f"| {n} | {rate} | {c['label']} | {c['total']:.3f} | {t:.3f} | "
+                    f"{t / c['total']:.2f} | {b_meas or float('nan'):,.0f} | "
+                    f"{b_mod or float('nan'):,.0f} | "
+                    f"{(b_mod / b_meas) if b_meas else float('nan'):.3f} |")
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--select", type=Path, default=REPO / "bench/results/select.json")
+    ap.add_argument("--bandwidth", type=Path, default=REPO / "bench/results/bandwidth.json")
+    ap.add_argument("--check", type=Path, nargs="*", default=[],
+                    help="bandwidth.py results with --np 3/4 (file name ...-n3/-n4.json)")
+    ap.add_argument("--alpha", type=float, default=50e-6, help="cluster latency per ring step")
+    ap.add_argument("--gpu-compute", type=float, default=0.030,
+                    help="assumed per-iteration compute of a GPU-class rank (s)")
+    ap.add_argument("--figure", type=Path, default=REPO / "bench/figures/scaling.png")
+    ap.add_argument("--json", type=Path, default=REPO / "bench/results/model.json")
+    args = ap.parse_args()
+    inp = Inputs(json.loads(args.select.read_text()), json.loads(args.bandwidth.read_text()))
+    runs = {"n2": json.loads(args.bandwidth.read_text())}
+    n_of = {"n2": 2}
+    for path in args.check:
+        n = int(path.stem.rsplit("-n", 1)[1])
+        runs[f"n{n}"] = json.loads(path.read_text())
+        n_of[f"n{n}"] = n
+
+    print("## Model check against measurements (shared-queue loopback emulation)\n")
+    print("\n".join(check(inp, runs, n_of)))
+
+    methods = ["none", "fp16", "micro", "topk", "threshold", "cltk", "randomk"]
+    ns = [2, 4, 8, 16, 32, 64, 128, 256]
+    print("\n## Bytes sent per rank per iteration (model), d = 0.001 and 0.01, N = "
+          f"{N:,}\n")
+    for d in (0.001, 0.01):
+        k = d * N
+        print(f"| method (d={d}) | " + " | ".join(f"n={n}" for n in ns) + " |")
+        print("|---|" + "---:|" * len(ns))
+        for m in methods:
+            print(f"| {m} | " + " | ".join(f"{sent_bytes(m, n, k) / 1e6:.3f} MB" for n in ns)
+                  + " |")
+        print("| ideal 12k(n-1)/n | " + " | ".join(f"{ideal_bytes(n, k) / 1e6:.3f} MB"
+                                                   for n in ns) + " |")
+        print("| micro / ideal | " + " | ".join(
+            f"{sent_bytes('micro', n, k) / ideal_bytes(n, k):.3f}" for n in ns) + " |\n")
+
+    projection = {}
+    print("## Projected iteration time, cluster links (one full-duplex link per node), "
+          f"alpha = {args.alpha * 1e6:.0f} us per ring step, d = 0.001\n")
+    for scen, comp in (("this CPU's compute", inp.compute),
+                       (f"GPU-class compute {args.gpu_compute * 1e3:.0f} ms", args.gpu_compute)):
+        for rate in ("1gbit", "10gbit"):
+            print(f"### {scen} ({comp:.3f} s), {rate}: seconds (x compute-only, dense / this)\n")
+            print("| method | " + " | ".join(f"n={n}" for n in ns) + " |")
+            print("|---|" + "---:|" * len(ns))
+            times = {m: [predict(inp, m, n, 0.001, RATES[rate], comp, False, args.alpha)
+                         for n in ns] for m in methods}
+            for m in methods:
+                print(f"| {m} | " + " | ".join(
+                    f"{t:.3f} ({t / comp:.2f}, {times['none'][i] / t:.1f})"
+                    for i, t in enumerate(times[m])) + " |")
+            print()
+            projection[f"{scen}|{rate}"] = times
+    args.json.write_text(json.dumps({"ns": ns, "projection": projection,
+                                     "compute": inp.compute, "local": inp.local,
+                                     "latency": inp.lat}, indent=1))
+    try:
+        plot(projection, ns, args.figure)
+        print(f"figure: {args.figure.relative_to(REPO)}")
+    except ImportError:
+        pass
+
+
+def plot(projection: dict, ns: list[int], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(projection), figsize=(4.2 * len(projection), 3.6),
+                             sharey=False)
+    for ax, (title, times) in zip(axes, projection.items()):
+        for m, ts in times.items():
+            ax.plot(ns, ts, marker="o", ms=3, label=m)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("ranks n")
+        ax.set_title(title.replace("|", "\n"), fontsize=9)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("iteration time (s), model")
+    axes[-1].legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    main()
