@@ -12,11 +12,18 @@ Every exchange starts with one variable-size ``allgather`` of an int32 block per
   takes part in the collective, and then every rank raises or reacts identically, so one
   rank's bad input never leaves the others waiting.
 
-Exact variable-size gathers, not fixed-capacity padded buffers: measured on 2 Gloo ranks
-here (``bench/collective_shapes.py``, BENCHMARKS.md), a shape that changes every step costs
-about 1.4 ms more median latency (Horovod's response cache misses) but the same mean,
-while padding to a capacity would send up to the capacity's slack in extra bytes every
-step. The byte bar of the project (within 1.2x of ideal) favours exact sizes.
+Exact variable-size gathers, not fixed-capacity padded buffers. Measured on 2 ranks here
+(``bench/collective_shapes.py``, BENCHMARKS.md; allgather of indices + allreduce of values
+on an 11.2M-element gradient): a shape that changes every step misses Horovod's response
+cache and pays full negotiation, so on Gloo the exact design took 3.2-4.1 ms median per
+step against 2.5-2.7 ms for shapes padded to a fixed capacity (about 20 ms against 11-13 ms
+behind a 1 Gbit/s link); on MPI both were equal. But a capacity must cover the largest
+per-rank count, and the count of a real run scatters by about 45 % from one iteration to
+the next (``tests/test_micro_density.py``), so a capacity that rarely overflows sends about
+1.5x the bytes (measured), far from the 1.2x-of-ideal byte budget, and one that overflows
+needs a second round. A few milliseconds per step are small against a training step, bytes
+are what a slow link charges for, so sizes stay exact. (Open question, not measured here:
+NCCL turns unequal allgathers into one broadcast per rank, where fixed shapes may win.)
 
 Bytes are accounted with the ring model of :mod:`horovod_micro.stats`.
 """
