@@ -30,6 +30,7 @@ Bytes are accounted with the ring model of :mod:`horovod_micro.stats`.
 
 from __future__ import annotations
 
+import math
 import pickle
 import time
 from dataclasses import dataclass, field
@@ -182,3 +183,54 @@ def allgather_object(comm: Comm, obj) -> list:
                           process_set=comm.process_set).tolist()
     data = hvd.allgather(payload, name=comm.name("object"), process_set=comm.process_set)
     return [pickle.loads(chunk.numpy().tobytes()) for chunk in torch.split(data, sizes)]
+
+
+@dataclass
+class SelectedCounts(Gathered):
+    """A :class:`Gathered` whose per-rank selection sizes are not the gathered blocks'.
+
+    Random-k and gTop-k send only the header in the status exchange (their indices travel
+    otherwise, or are known everywhere); ``selected`` holds what each rank selected, so
+    ``StepStats.rank_counts`` means the same for every method.
+    """
+
+    selected: list[int] = field(default_factory=list)
+
+    @property
+    def counts(self) -> list[int]:
+        return list(self.selected)
+
+
+def alltoall_bytes(sent_rows: list[int], received_rows: list[int], row_bytes: int,
+                   rank: int) -> tuple[int, int]:
+    """(sent, received) bytes of ``rank`` in one Horovod ``alltoall`` (direct model).
+
+    Payload goes straight to each destination (Gloo's and MPI's alltoallv), nothing is
+    forwarded; the slice a rank keeps for itself crosses no link. Horovod first exchanges
+    the split sizes with an alltoall of one int32 per rank pair
+    (``Controller::AlltoallGetRecvSplits``), counted here: ``4 (n - 1)`` bytes each way.
+    """
+    n = len(sent_rows)
+    if n <= 1:
+        return 0, 0
+    sent = sum(c for d, c in enumerate(sent_rows) if d != rank) * row_bytes
+    received = sum(c for s, c in enumerate(received_rows) if s != rank) * row_bytes
+    return sent + 4 * (n - 1), received + 4 * (n - 1)
+
+
+def alltoall_tensor(comm: Comm, tensor: torch.Tensor, splits: list[int], traffic: Traffic,
+                    role: str = "alltoall") -> tuple[torch.Tensor, list[int]]:
+    """Send rows ``splits[d]`` of ``tensor`` (in rank order) to set-rank ``d``; return what
+    arrived (in source order) and how many rows came from each rank.
+
+    With all splits but one zero this is a point-to-point send inside a collective: every
+    rank of the set must still call it (Horovod has no send/recv), possibly with nothing.
+    """
+    start = time.perf_counter()
+    output, received = hvd.alltoall(tensor, splits=torch.tensor(splits, dtype=torch.int32),
+                                    name=comm.name(role), process_set=comm.process_set)
+    traffic.seconds += time.perf_counter() - start
+    received = [int(c) for c in received]
+    row_bytes = tensor.element_size() * math.prod(tensor.shape[1:])
+    traffic.add(alltoall_bytes(splits, received, row_bytes, comm.rank))
+    return output, received

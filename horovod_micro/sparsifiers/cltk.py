@@ -1,0 +1,63 @@
+"""CLT-k, cyclic local top-k: one leader per iteration chooses the coordinates for all.
+
+Chen, Ko, Chuang, Lai, "ScaleCom: Scalable Sparsified Gradient Compression for
+Communication-Efficient Distributed Training", NeurIPS 2020. At iteration ``t`` the
+leader, rank ``t mod n`` (of the optimizer's process set), selects the ``k`` largest
+``|a_t[i]|`` of its own error-compensated gradient; every rank then sends its own value
+at those ``k`` coordinates and the values are summed by one allreduce. The rotation
+lets every rank's view decide once per ``n`` iterations; with error feedback the ranks'
+residuals stay similar (ScaleCom's argument), so one rank's top-k is a good proxy for the
+global one. There is no build-up (exactly ``k`` coordinates) and only the leader sorts.
+
+Exchange: the status allgather of :mod:`horovod_micro.exchange` doubles as the
+broadcast of the leader's indices (the leader's block holds them, the others send only
+the 3-int header), then one allreduce of ``k`` values. Every rank's value goes into the
+aggregate at every chosen coordinate, so every rank zeroes its residual there.
+
+Traffic per rank (ring model, ``b_i``/``b_v`` bytes per index/value): index allgather
+about ``(k + 3 n) b_i`` (``k b_i`` once around the ring), value allreduce
+``2 (n - 1) / n * k b_v`` sent and received: O(k), independent of ``n``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..exchange import Traffic, allreduce_values, gather_indices
+from ..selection import index_dtype
+from .base import Reduced, Reduction, Sparsifier
+from .topk import topk_indices
+
+
+class CltkCompressor(Sparsifier):
+    """Cyclic local top-k (see the module docstring).
+
+    Args:
+        density: user-set density ``d``; the leader picks ``k = floor(d N)`` coordinates,
+            which is also the global count.
+        error_feedback, fp16_values: see :class:`~horovod_micro.sparsifiers.base.Sparsifier`.
+    """
+
+    name = "cltk"
+
+    def __init__(self, density: float = 0.001, *, error_feedback: bool = True,
+                 fp16_values: bool = False):
+        super().__init__(density, error_feedback=error_feedback, fp16_values=fp16_values)
+
+    def leader(self, iteration: int) -> int:
+        """The rank (in the optimizer's process set) that selects at ``iteration``."""
+        return iteration % self.comm.size
+
+    def select(self, acc: torch.Tensor, iteration: int) -> torch.Tensor:
+        if self.comm.rank != self.leader(iteration):
+            return torch.empty(0, dtype=index_dtype(self.numel), device=acc.device)
+        return topk_indices(acc, self.target_count)
+
+    def exchange(self, acc, indices, status, iteration, reduction: Reduction,
+                 traffic: Traffic) -> Reduced:
+        gathered = gather_indices(self.comm, indices, status, traffic)
+        gathered.raise_errors()
+        chosen = gathered.per_rank[self.leader(iteration)].long()
+        values = allreduce_values(self.comm, self.wire(acc[chosen]), traffic, reduction.op,
+                                  reduction.prescale, reduction.postscale)
+        return Reduced(chosen, values.to(acc.dtype), chosen, gathered)
