@@ -48,6 +48,8 @@ def make_compressor(hvm, method: str, density: float, threshold: float):
     kwargs = {"density": density}
     if method == "micro":
         kwargs["initial_threshold"] = threshold
+    if method == "threshold":  # a fixed lambda: the calibrated one, not 1/(2 sqrt(k))
+        kwargs = {"value": threshold}
     try:
         return factory(**kwargs)
     except TypeError:
@@ -177,16 +179,18 @@ def worker(args) -> None:
 
 # ---------------------------------------------------------------------------- launcher
 def table(rate: str, res: dict) -> str:
+    nan = float("nan")
     rows = {c["label"]: c for c in res["configs"]}
     comp = rows["compute"]["total"]
     dense = rows.get("none", {}).get("total")
     lines = [f"### link: {rate} ({res['configs'][0]['iters']} timed iterations per method, "
              f"medians, model: {res['source']})", "",
              "| method | iteration s | compute s | sync wait s | over compute-only s "
-             "| x compute-only | dense / this | x compute-only, paired | dense / this, paired |"
+             "| x compute-only | dense / this | x compute-only, paired | dense / this, paired "
+             "| 1 + sync wait / compute-only |"
              " select+local s | collectives s | MB sent/rank | MB on lo (all ranks) "
              "| actual density |",
-             "|---|" + "---:|" * 13]
+             "|---|" + "---:|" * 14]
     for c in res["configs"]:
         def fmt(k, s="{:.3f}", c=c):
             return s.format(c[k]) if k in c else ""
@@ -195,7 +199,8 @@ def table(rate: str, res: dict) -> str:
             f"| {c['label']} | {c['total']:.3f} | {c['compute']:.3f} | {c['exchange']:.3f} "
             f"| {c['total'] - comp:+.3f} "
             f"| {c['total'] / comp:.2f} | {dense / c['total'] if dense else float('nan'):.2f} "
-            f"| {c['paired_x_compute']:.2f} | {c.get('paired_dense_over', float('nan')):.2f} "
+            f"| {c.get('paired_x_compute', nan):.2f} | {c.get('paired_dense_over', nan):.2f} "
+            f"| {1 + c['exchange'] / comp:.3f} "
             f"| {fmt('select_r0')} | {fmt('comm_r0')} "
             f"| {c['sent_r0'] / 1e6 if 'sent_r0' in c else float('nan'):.3f} "
             f"| {c['wire_r0'] / 1e6:.3f} "
@@ -212,7 +217,7 @@ def main() -> None:
     ap.add_argument("--densities", nargs="+", type=float, default=[0.01, 0.001])
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--warmup", type=int, default=1)
-    ap.add_argument("--sparse-warmup", type=int, default=6,
+    ap.add_argument("--sparse-warmup", type=int, default=5,
                     help="untimed iterations of sparse methods (threshold settling)")
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--per-round", type=int, default=1)
@@ -220,6 +225,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true",
                     help="1 round of 1 iteration, 2 sparse warm-ups, density 0.001 only, batch 8")
     ap.add_argument("--json", type=Path, default=REPO / "bench/results/bandwidth.json")
+    ap.add_argument("--table-only", action="store_true",
+                    help="print the tables of an earlier run's --json file")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.quick:
@@ -227,6 +234,10 @@ def main() -> None:
         args.sparse_warmup = 2
     if args.worker:
         worker(args)
+        return
+    if args.table_only:
+        for rate, res in json.loads(args.json.read_text()).items():
+            print(table(rate, res) + "\n")
         return
     results = {}
     for rate in args.rates:

@@ -94,7 +94,7 @@ def ring_steps(method: str, n: int) -> int:
 class Inputs:
     """Measured inputs: selection costs, local pipeline cost, fixed exchange latency."""
 
-    def __init__(self, select: dict, bandwidth: dict):
+    def __init__(self, select: dict, bandwidth: dict, shapes: dict[str, dict]):
         med = select["median_ms"]
         self.sel = {}
         for d in (0.01, 0.001):
@@ -105,15 +105,20 @@ class Inputs:
         base = bandwidth.get("none") or next(iter(bandwidth.values()))
         rows = {c["label"]: c for c in base["configs"]}
         self.compute = rows["compute"]["total"]
-        # Local O(N) work besides selection and the fixed exchange latency, from micro.
-        self.local, self.lat = {}, {}
+        # The sparse pipeline's O(N) local work besides selection, from micro's select_time.
+        self.local = {}
         for d in (0.01, 0.001):
             c = rows.get(f"micro d={d}")
             if c is not None:
                 self.local[d] = max(c["select_r0"] - self.select("micro", 2, d), 0.0)
-        for label, c in rows.items():
-            if label != "compute":
-                self.lat[c["method"]] = max(c["total"] - self.compute, 0.0)
+        # Fixed cost of one sparse exchange (gather + allreduce, negotiation included) per
+        # link, from collective_shapes.py (2 Gloo ranks, exact sizes) minus its wire time.
+        self.lat = {}
+        for rate, res in shapes.items():
+            for d, r in res["gloo"].items():
+                v = r["variable"]
+                wire = 2 * v["bytes_sent"] / RATES[rate]
+                self.lat[(rate, float(d))] = max(v["mean_ms"] / 1e3 - wire, 0.0)
 
     def select(self, method: str, n: int, d: float) -> float:
         if method == "micro":
@@ -121,27 +126,37 @@ class Inputs:
             if n in table:
                 return table[n]
             return table[16] * 16 / n if n > 16 else table[2] * 2 / n
-        if method in ("none", "fp16", "randomk", "gtopk"):
-            return self.sel.get(("topk", d), 0.0) if method == "gtopk" else 0.0
+        if method == "gtopk":
+            return self.sel[("topk", d)]
+        if method in ("none", "fp16", "randomk"):
+            return 0.0
         return self.sel[(method, d)]
 
     def local_cost(self, method: str, d: float) -> float:
         return 0.0 if method in ("none", "fp16") else self.local.get(d, 0.0)
 
+    def latency(self, method: str, rate: str, d: float) -> float:
+        if method in ("none", "fp16"):
+            return 0.0
+        return self.lat.get((rate, d), self.lat.get(("none", d), 0.0))
 
-def predict(inp: Inputs, method: str, n: int, d: float | None, bandwidth: float,
-            compute: float, shared_link: bool, alpha: float | None,
-            counts: tuple[float, float] | None = None) -> float:
-    """Predicted iteration time (s); ``alpha=None`` uses this machine's measured latency."""
+
+def exchange_time(inp: Inputs, method: str, n: int, d: float | None, rate: str,
+                  bandwidth: float, shared_link: bool, alpha: float | None,
+                  k: float | None = None, per_rank: float | None = None) -> float:
+    """Predicted time the exchange adds to an iteration (s), no overlap.
+
+    ``alpha=None``: this machine's measured fixed cost per exchange for ``rate``; else
+    the cluster form ``c0 + alpha * ring steps`` with c0 the unlimited-link fixed cost.
+    """
     d = d or 0.001
-    k = d * N
-    if counts is not None:
-        k, per_rank = counts
-    else:
-        per_rank = None
+    k = d * N if k is None else k
     wire = sent_bytes(method, n, k, per_rank) * (n if shared_link else 1) / bandwidth
-    lat = inp.lat.get(method, 0.0) if alpha is None else alpha * ring_steps(method, n)
-    return compute + inp.select(method, n, d) + inp.local_cost(method, d) + wire + lat
+    if alpha is None:
+        lat = inp.latency(method, rate, d)
+    else:
+        lat = inp.latency(method, "none", d) + alpha * ring_steps(method, n)
+    return inp.select(method, n, d) + inp.local_cost(method, d) + wire + lat
 
 
 def label_parts(label: str) -> tuple[str, float | None]:
@@ -151,42 +166,45 @@ def label_parts(label: str) -> tuple[str, float | None]:
     return label, None
 
 
-def check(inp: Inputs, runs: dict[str, dict], n_of: dict[str, int]) -> list[str]:
-    """Model vs measurement for every measured configuration (emulated shared link)."""
-    out = ["| n | link | method | measured s | model s | model / measured |"
-           " bytes/rank measured | model at measured counts | ratio |",
-           "|---:|---|---|---:|---:|---:|---:|---:|---:|"]
-    for name, res in runs.items():
+def check(inp: Inputs, runs: dict[int, dict]) -> list[str]:
+    """Model vs measurement for every measured configuration (emulated shared link).
+
+    Time: the model's exchange time vs what the exchange measurably adds, i.e. for sparse
+    methods the within-iteration ``iteration - compute`` (robust to load between
+    iterations) and for dense methods ``(paired x compute-only - 1) * compute-only``
+    (their allreduce overlaps backward, so it shows up as slower compute).
+    Bytes: the model's bytes at the measured counts vs the optimizer's count, and
+    n * bytes + idle traffic vs the bytes that crossed the loopback.
+    """
+    out = ["| n | link | method | exchange adds, measured s | model s | model / measured "
+           "| bytes/rank (stats) | model at measured count | on lo (all ranks) "
+           "| model n*bytes + idle | lo / model |",
+           "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for n, res in sorted(runs.items()):
         for rate, r in res.items():
             rows = {c["label"]: c for c in r["configs"]}
-            comp = rows["compute"]["total"]
-            n = n_of[name]
+            comp = rows["compute"]
+            idle_rate = comp["wire_r0"] / comp["total"]
             for c in r["configs"]:
-                if c["label"] == "compute":
-                    continue
                 m, d = label_parts(c["label"])
-                counts = None
-                if "counts_r0" in c and m in SPARSE:
-                    per_rank = c["counts_r0"] / n if m in ("micro", "cltk", "randomk") else (
-                        c["counts_r0"] / n)
-                    counts = (c["counts_r0"] if m == "micro" else c.get("density_r0", 0) * N,
-                              per_rank)
-                if rate == "none" or n != 2 and m not in inp.lat:
-                    lat_inp = inp
+                if m == "compute":
+                    continue
+                if m in ("none", "fp16"):
+                    measured = (c.get("paired_x_compute", c["total"] / comp["total"]) - 1) * (
+                        comp["total"])
+                    k, per_rank = None, None
                 else:
-                    lat_inp = inp
-                t = predict(lat_inp, m, n, d, RATES[rate], comp, True, None,
-                            counts if m == "micro" else None)
-                if rate == "none":
-                    t = comp + inp.lat.get(m, 0.0)  # the latency term *is* that measurement
-                b_meas = c.get("sent_r0")
-                b_mod = (sent_bytes(m, n, counts[0] if counts else (d or 1) * N,
-                                    counts[1] if counts else None) if b_meas else None)
+                    measured = c["exchange"]
+                    k = c.get("counts_r0", c.get("density_r0", d) * N)
+                    per_rank = k / n
+                model = exchange_time(inp, m, n, d, rate, RATES[rate], True, None, k, per_rank)
+                b_mod = sent_bytes(m, n, k if k is not None else N, per_rank)
+                lo_mod = n * b_mod + idle_rate * c["total"]
                 out.append(
-                    f"| {n} | {rate} | {c['label']} | {c['total']:.3f} | {t:.3f} | "
-                    f"{t / c['total']:.2f} | {b_meas or float('nan'):,.0f} | "
-                    f"{b_mod or float('nan'):,.0f} | "
-                    f"{(b_mod / b_meas) if b_meas else float('nan'):.3f} |")
+                    f"| {n} | {rate} | {c['label']} | {measured:.3f} | {model:.3f} | "
+                    f"{model / measured if measured > 0.005 else float('nan'):.2f} | "
+                    f"{c['sent_r0']:,.0f} | {b_mod:,.0f} | {c['wire_r0']:,.0f} | "
+                    f"{lo_mod:,.0f} | {c['wire_r0'] / lo_mod:.2f} |")
     return out
 
 
@@ -202,16 +220,17 @@ def main() -> None:
     ap.add_argument("--figure", type=Path, default=REPO / "bench/figures/scaling.png")
     ap.add_argument("--json", type=Path, default=REPO / "bench/results/model.json")
     args = ap.parse_args()
-    inp = Inputs(json.loads(args.select.read_text()), json.loads(args.bandwidth.read_text()))
-    runs = {"n2": json.loads(args.bandwidth.read_text())}
-    n_of = {"n2": 2}
+    shapes = {"none": REPO / "bench/results/collective_shapes.json",
+              "1gbit": REPO / "bench/results/collective_shapes-1gbit.json",
+              "100mbit": REPO / "bench/results/collective_shapes-100mbit.json"}
+    inp = Inputs(json.loads(args.select.read_text()), json.loads(args.bandwidth.read_text()),
+                 {r: json.loads(p.read_text()) for r, p in shapes.items() if p.exists()})
+    runs = {2: json.loads(args.bandwidth.read_text())}
     for path in args.check:
-        n = int(path.stem.rsplit("-n", 1)[1])
-        runs[f"n{n}"] = json.loads(path.read_text())
-        n_of[f"n{n}"] = n
+        runs[int(path.stem.rsplit("-n", 1)[1])] = json.loads(path.read_text())
 
     print("## Model check against measurements (shared-queue loopback emulation)\n")
-    print("\n".join(check(inp, runs, n_of)))
+    print("\n".join(check(inp, runs)))
 
     methods = ["none", "fp16", "micro", "topk", "threshold", "cltk", "randomk"]
     ns = [2, 4, 8, 16, 32, 64, 128, 256]
@@ -238,8 +257,8 @@ def main() -> None:
             print(f"### {scen} ({comp:.3f} s), {rate}: seconds (x compute-only, dense / this)\n")
             print("| method | " + " | ".join(f"n={n}" for n in ns) + " |")
             print("|---|" + "---:|" * len(ns))
-            times = {m: [predict(inp, m, n, 0.001, RATES[rate], comp, False, args.alpha)
-                         for n in ns] for m in methods}
+            times = {m: [comp + exchange_time(inp, m, n, 0.001, rate, RATES[rate], False,
+                                              args.alpha) for n in ns] for m in methods}
             for m in methods:
                 print(f"| {m} | " + " | ".join(
                     f"{t:.3f} ({t / comp:.2f}, {times['none'][i] / t:.1f})"
