@@ -55,9 +55,13 @@ class DensityController:
         engaged: whether a count has come within a factor ``windup`` of ``k`` (the
             integral starts then, so a cold start far from ``k`` does not wind it up).
         probe: the slope is measured between ``threshold`` and ``probe * threshold``.
-        gain: fraction of the Newton step taken on the current log error (< 1 damps the
-            reservoir effect of error feedback: a lower threshold releases residual mass
-            that is then gone for the next iterations).
+        gain: fraction of the Newton step taken on the current log error once engaged
+            (< 1 damps the reservoir effect of error feedback: a lower threshold releases
+            residual mass that is then gone for the next iterations).
+        cold_gain, cold_max_factor: step fraction and largest factor before the count has
+            first come near ``k``. The mandated start ``1/(2 sqrt(k))`` can be orders of
+            magnitude off (ResNet-18 at density 0.001: 37 % of the gradient passes it), so
+            the controller then takes larger steps, of up to ``cold_max_factor``.
         integral_gain: weight of ``excess`` in the step.
         windup: how close (as a factor) a count must come to ``k`` to engage the integral.
         alpha_smoothing: weight of a new slope measurement in the running estimate.
@@ -72,6 +76,8 @@ class DensityController:
     engaged: bool = False
     probe: float = 1.25
     gain: float = 0.5
+    cold_gain: float = 0.5
+    cold_max_factor: float = 32.0
     integral_gain: float = 0.3
     windup: float = 2.0
     alpha_smoothing: float = 0.3
@@ -114,8 +120,12 @@ class DensityController:
             # the per-iteration count scatters by tens of percent, and it is the arithmetic
             # mean that must meet the target, so no sample may be left out.
             self.excess += count / k - 1.0
-        step = (self.gain * error + self.integral_gain * self.excess) / self.alpha
-        max_step = math.log(self.max_factor)
+        if self.engaged:
+            step = (self.gain * error + self.integral_gain * self.excess) / self.alpha
+            max_step = math.log(self.max_factor)
+        else:
+            step = self.cold_gain * error / self.alpha
+            max_step = math.log(self.cold_max_factor)
         step = min(max(step, -max_step), max_step)
         self.threshold = math.exp(math.log(self.threshold) + step)
         return self.threshold

@@ -108,7 +108,7 @@ def digits_density_trace(density, iterations, batch=32, hidden=(512, 256), lr=0.
     hvd.broadcast_optimizer_state(opt, root_rank=0)
     for key, value in (controller or {}).items():
         setattr(opt.compression.controller, key, value)
-    gen = torch.Generator().manual_seed(1000 + hvd.rank())
+    gen = torch.Generator().manual_seed(1000 * (seed + 1) + hvd.rank())
     trace = []
     for _ in range(iterations):
         idx = torch.randint(0, len(x), (batch,), generator=gen)
