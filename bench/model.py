@@ -14,7 +14,8 @@ N elements, k = d N, 4-byte indices and values, h = 3 header words per gathered 
                    -> < 12k + 4nh: independent of n (the ideal: 12k (n-1)/n)
     topk           (n-1) * 4 (k + h) + (n-1) * 4k     allgather of n*k (index, value) pairs
     threshold      same as topk with k_r = each rank's count (~k when tuned to density d)
-    cltk           4k (pipelined broadcast of the leader's k indices) + 2 (n-1)/n * 4k
+    cltk           (n-1)/n * 4k (pipelined ring broadcast of the leader's k indices:
+                   every rank but the last forwards 4k; mean over ranks) + 2 (n-1)/n * 4k
     randomk        2 (n-1)/n * 4k                     indices from a shared seed
     gtopk          log2(n) * 8k (pairwise merges) + 8k (broadcast of the result)
 
@@ -74,7 +75,7 @@ def sent_bytes(method: str, n: int, k: float, rank_count: float | None = None) -
         "micro": r * 4 * (k + n * H) + 2 * r * 4 * k,
         "topk": (n - 1) * 4 * (kr + H) + (n - 1) * 4 * kr,
         "threshold": (n - 1) * 4 * (kr + H) + (n - 1) * 4 * kr,
-        "cltk": 4 * k + 2 * r * 4 * k,
+        "cltk": r * 4 * k + 2 * r * 4 * k,
         "randomk": 2 * r * 4 * k,
         "gtopk": math.log2(n) * 8 * k + 8 * k,
     }[method]
