@@ -78,7 +78,12 @@ class SparseReducer:
                                            self.reduction, traffic)
 
         nonfinite = reduced.gathered.nonfinite()
-        sent = acc[reduced.contributed]
+        # index_select/index_copy_/index_fill_: 3-10x cheaper than advanced indexing at
+        # ~1e5 coordinates (bench/pipeline.py).
+        applied = reduced.indices.long()
+        contributed = (applied if reduced.contributed is reduced.indices
+                       else reduced.contributed.long())
+        sent = acc.index_select(0, contributed)
         self.output.zero_()
         if nonfinite:
             # Some rank's gradient overflowed: every rank hands NaN to its optimizer (as
@@ -88,11 +93,11 @@ class SparseReducer:
             torch.nan_to_num_(acc, nan=0.0, posinf=0.0, neginf=0.0)
             residual_norm = float(torch.linalg.vector_norm(acc))
         else:
-            self.output[reduced.indices] = reduced.values.to(self.output.dtype)
+            self.output.index_copy_(0, applied, reduced.values.to(self.output.dtype))
             residual_norm = math.sqrt(max(sq_norm - float(torch.dot(sent, sent)), 0.0))
             self.sparsifier.observe(reduced)
         if self.sparsifier.error_feedback:
-            acc[reduced.contributed] = 0.0
+            acc.index_fill_(0, contributed, 0.0)
         else:
             acc.zero_()
             residual_norm = 0.0

@@ -61,7 +61,7 @@ class Reduced:
     """Result of one sparse exchange, identical on every rank except ``contributed``.
 
     Attributes:
-        indices: distinct coordinates that received an aggregate (int64).
+        indices: distinct coordinates that received an aggregate (int32 or int64).
         values: the aggregate at ``indices`` (float32), ``op`` already applied.
         contributed: this rank's coordinates whose value went into the aggregate; error
             feedback zeroes exactly these in this rank's residual.

@@ -75,7 +75,7 @@ class MicroCompressor(Sparsifier):
         # The controller's slope probe: how many selected entries also pass a slightly
         # higher threshold (a pass over the k selected values only).
         probe = self.controller.probe_threshold
-        self._above_probe = int((acc[indices.long()].abs() >= probe).sum())
+        self._above_probe = int((acc.index_select(0, indices).abs() >= probe).sum())
         return indices
 
     def exchange(self, acc, indices, status, iteration, reduction: Reduction,
@@ -83,8 +83,8 @@ class MicroCompressor(Sparsifier):
         gathered = gather_indices(self.comm, indices, status, traffic, aux=self._above_probe)
         gathered.raise_errors()
         # Parts are disjoint: concatenation is already the union, without duplicates.
-        union = torch.cat(gathered.per_rank).long()
-        values = self.wire(acc[union])
+        union = torch.cat(gathered.per_rank)
+        values = self.wire(acc.index_select(0, union))
         values = allreduce_values(self.comm, values, traffic, reduction.op,
                                   reduction.prescale, reduction.postscale)
         return Reduced(union, values.float(), union, gathered, self.controller.threshold)
