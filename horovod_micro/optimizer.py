@@ -31,10 +31,12 @@ others waiting in a collective.
 
 from __future__ import annotations
 
-import itertools
+import hashlib
 import os
 import time
 import warnings
+import weakref
+from collections import Counter
 from collections.abc import Callable, Iterable
 from contextlib import contextmanager
 
@@ -49,7 +51,14 @@ from .stats import StepStats, ring_allreduce_bytes
 from .validation import check_collectively
 
 _STATE_KEY = "horovod_micro"
-_optimizer_ids = itertools.count()
+# How many optimizers this process has built per (process set, parameters, compressor):
+# part of the collective names. Every rank of a set builds the same optimizers over the
+# same parameters in the same order, so the count agrees across ranks even when ranks
+# build different numbers of optimizers for *other* process sets.
+_built: Counter = Counter()
+# id(parameter) -> the live optimizer whose hooks sit on it (see ``_register_hooks``).
+# Keyed by id: a weak-keyed dict would compare tensors with ``==`` (elementwise).
+_hook_owner: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
@@ -70,17 +79,17 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.last_stats: StepStats | None = None
         self._synchronized = False
         self._should_synchronize = True
+        self._closed = False
         self._handles: dict = {}
         self._passes: dict = {}
         self._hooks: list = []
         self._reducer: SparseReducer | None = None
+        self._groups = None
+        # Set after construction and after load_state_dict: the next sparse exchange
+        # first adopts the iteration and the sparsifier's state of the set's first rank
+        # (Horovod's resume idiom loads on rank 0 only; see ``_adopt_shared_state``).
+        self._state_sync_pending = True
 
-        if not process_set.included():
-            raise ValueError(
-                f"rank {hvd.rank()} is not in the process set passed to DistributedOptimizer "
-                f"(process set ranks: {process_set.ranks}); build the optimizer only on the "
-                "ranks of its process set")
-        self._comm = Comm(process_set, prefix=f"hvm{next(_optimizer_ids)}")
         try:
             named = _name_parameters(self.param_groups, named_parameters)
             self._argument_errors = []
@@ -89,16 +98,24 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._argument_errors = [str(error)]
         self._layout = FlatLayout([(n, p) for n, p in named if p.requires_grad])
         self._parameter_names = {p: n for n, p in named}
-        self._groups = None
-        check_collectively(self, named, groups)
-        if not self._sparse:
-            self._groups = _resolve_groups(groups, self._layout)
+        # Horovod: a rank outside the optimizer's process set exchanges nothing and its
+        # step() is the wrapped optimizer's local step.
+        self._included = bool(process_set.included())
+        if not self._included:
+            return
 
+        set_id = process_set.process_set_id
+        check_collectively(self, named, groups,
+                           Comm(process_set, prefix=f"hvm.ps{set_id}.check"))
+        self._comm = Comm(process_set, prefix=_collective_prefix(set_id, self._layout,
+                                                                 compression))
         if self._sparse:
             self._reducer = SparseReducer(self._layout, compression, self._comm,
                                           Reduction(op, *self._scale_factors()),
                                           stats_callback=self._record)
-        if self._sparse or process_set.size() > 1 or os.environ.get("HOROVOD_ELASTIC") == "1":
+        else:
+            self._groups = _resolve_groups(groups, self._layout)
+        if self._sparse or hvd.size() > 1 or os.environ.get("HOROVOD_ELASTIC") == "1":
             self._register_hooks()
 
     # ----- what kind of exchange ----------------------------------------------------------
@@ -113,21 +130,51 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     # ----- hooks ------------------------------------------------------------------------
     def _register_hooks(self) -> None:
+        """One post-accumulate hook per parameter.
+
+        A hook holds only a weak reference to the optimizer, and the hooks are removed
+        when the optimizer is closed, collected, or replaced: wrapping the same
+        parameters again (a notebook re-running a cell, an elastic reset) closes the
+        previous optimizer, whose hooks would otherwise keep counting backward passes and
+        keep its 2N-element buffers alive.
+        """
+        for p in self._layout.params:
+            previous = _hook_owner.get(id(p))
+            if (previous is not None and previous is not self and not previous._closed
+                    and p in previous._passes):
+                warnings.warn("horovod_micro: these parameters are already wrapped by "
+                              "another DistributedOptimizer; closing the previous one "
+                              "(its hooks are removed)", stacklevel=3)
+                previous.close()
+        me = weakref.ref(self)
         for p in self._layout.params:
             self._passes[p] = 0
-            self._hooks.append(p.register_post_accumulate_grad_hook(self._make_hook()))
+            self._hooks.append(p.register_post_accumulate_grad_hook(_make_hook(me)))
+            _hook_owner[id(p)] = self
+        weakref.finalize(self, _remove_handles, list(self._hooks))
 
-    def _make_hook(self):
-        def hook(p):
-            if self._passes[p] >= self.backward_passes_per_step:
-                raise AssertionError(
-                    "Gradients were computed more than backward_passes_per_step times before "
-                    "call to step(). Increase backward_passes_per_step to accumulate "
-                    "gradients locally.")
-            self._passes[p] += 1
-            if not self._sparse and self._passes[p] == self.backward_passes_per_step:
-                self._start_dense(p)
-        return hook
+    def close(self) -> None:
+        """Remove this optimizer's hooks and free its exchange buffers.
+
+        The wrapped optimizer's state is kept; ``step()`` and ``synchronize()`` raise
+        afterwards. Called automatically when the same parameters are wrapped again.
+        """
+        _remove_handles(self._hooks)
+        self._hooks.clear()
+        self._handles.clear()
+        self._passes.clear()
+        self._reducer = None
+        self._closed = True
+
+    def _on_gradient(self, p) -> None:
+        if self._passes[p] >= self.backward_passes_per_step:
+            raise AssertionError(
+                "Gradients were computed more than backward_passes_per_step times before "
+                "call to step(). Increase backward_passes_per_step to accumulate "
+                "gradients locally.")
+        self._passes[p] += 1
+        if not self._sparse and self._passes[p] == self.backward_passes_per_step:
+            self._start_dense(p)
 
     def _start_dense(self, p) -> None:
         group = self._groups.get(p) if self._groups else None
@@ -143,23 +190,32 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             return 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
         return 1.0, 1.0
 
-    def _dense_grad(self, p) -> torch.Tensor:
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-        elif p.grad.is_sparse:
-            p.grad = p.grad.to_dense()
-        return p.grad
-
     def _allreduce_async(self, p):
-        compressed, ctx = self._compression.compress(self._dense_grad(p))
-        pre, post = self._scale_factors()
+        """Start the dense exchange of ``p.grad``: Horovod's allreduce, or for a sparse
+        gradient Horovod's sparse allreduce (allgather of indices and values), or with
+        ``sparse_as_dense`` a dense allreduce whose result goes back to sparse."""
+        if p.grad is None:
+            # Another rank may have a gradient for p (a dynamic graph): take part with zeros.
+            p.grad = torch.zeros_like(p)
         name = f"{self._comm.prefix}.{self._parameter_names[p]}"
+        if p.grad.is_sparse and not self.sparse_as_dense:
+            handle = hvd.sparse_allreduce_async(p.grad, name=name, op=self.op,
+                                                process_set=self.process_set)
+            return handle, None, None
+        grad = p.grad.to_dense() if p.grad.is_sparse else p.grad
+        compressed, ctx = self._compression.compress(grad)
+        pre, post = self._scale_factors()
         handle = hvd.allreduce_async_(compressed, name=name, op=self.op, prescale_factor=pre,
                                       postscale_factor=post, process_set=self.process_set)
         return handle, ctx, compressed
 
     def _grouped_allreduce_async(self, group):
-        pairs = [self._compression.compress(self._dense_grad(p)) for p in group]
+        for p in group:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            elif p.grad.is_sparse:
+                p.grad = p.grad.to_dense()
+        pairs = [self._compression.compress(p.grad) for p in group]
         tensors = [t for t, _ in pairs]
         pre, post = self._scale_factors()
         handle = hvd.grouped_allreduce_async_(
@@ -171,14 +227,44 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     # ----- synchronize / step -------------------------------------------------------------
     def synchronize(self) -> None:
         """Exchange the gradients now (``step()`` calls this unless inside
-        ``skip_synchronize()``)."""
-        if self._sparse:
-            self._reducer.reduce()
-        elif self.process_set.size() > 1 or self._hooks:
-            self._synchronize_dense()
-        for p in self._passes:
-            self._passes[p] = 0
+        ``skip_synchronize()``). On a rank outside the process set: nothing."""
+        if self._closed:
+            raise RuntimeError("this horovod_micro DistributedOptimizer was closed (its "
+                               "parameters were wrapped again, or close() was called)")
+        try:
+            if not self._included:
+                pass
+            elif self._sparse:
+                if self._state_sync_pending:
+                    self._adopt_shared_state()
+                self._reducer.reduce()
+            elif self.process_set.size() > 1 or self._hooks:
+                self._synchronize_dense()
+        finally:
+            # Also after a collective error, so that the next zero_grad() and backward
+            # start clean on every rank.
+            self._handles.clear()
+            for p in self._passes:
+                self._passes[p] = 0
         self._synchronized = True
+
+    def _adopt_shared_state(self) -> None:
+        """Make the iteration and the sparsifier's state (e.g. MiCRO's controller) those of
+        the set's first rank; each rank keeps its own residual.
+
+        Horovod's resume idiom loads a checkpoint on rank 0 only and then calls
+        ``hvd.broadcast_optimizer_state``, which carries the wrapped optimizer's state but
+        not ours; without this, rank 0 would own part ``(t0 + 0) mod n`` while the others
+        start from iteration 0, parts would overlap, and thresholds would differ. Runs once
+        after construction and after each ``load_state_dict`` (every rank constructs,
+        so every rank takes part), and is a no-op when the ranks already agree.
+        """
+        root = (self.process_set.ranks or list(range(hvd.size())))[0]
+        shared = hvd.broadcast_object(self._reducer.shared_state(), root_rank=root,
+                                      name=self._comm.name("shared-state"),
+                                      process_set=self.process_set)
+        self._reducer.load_shared_state(shared)
+        self._state_sync_pending = False
 
     def _synchronize_dense(self) -> None:
         start = time.perf_counter()
@@ -196,15 +282,22 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             covered.update(group or (p,))
         nbytes = 0
         for key, (handle, ctx, sent) in self._handles.items():
+            if sent is None:  # Horovod's sparse allreduce: the handle returns the result
+                _install_sparse(key, handle())
+                nbytes += _sparse_bytes(key.grad)
+                continue
             outputs = hvd.synchronize(handle)
             params = key if isinstance(key, tuple) else (key,)
             outputs = outputs if isinstance(key, tuple) else [outputs]
             ctxs = ctx if isinstance(key, tuple) else [ctx]
             tensors = sent if isinstance(key, tuple) else [sent]
             for p, out, c, t in zip(params, outputs, ctxs, tensors):
-                p.grad.set_(self._compression.decompress(out, c))
+                result = self._compression.decompress(out, c)
+                if p.grad.is_sparse:  # sparse_as_dense: back to sparse for the optimizer
+                    _install_sparse(p, result.to_sparse())
+                else:
+                    p.grad.set_(result)
                 nbytes += t.numel() * t.element_size()
-        self._handles.clear()
         numel = self._layout.numel
         sent, received = ring_allreduce_bytes(nbytes, self.process_set.size())
         self._record(StepStats(
@@ -255,10 +348,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     # ----- checkpointing ----------------------------------------------------------------
     def state_dict(self) -> dict:
-        """The wrapped optimizer's state plus, for sparse methods, the residual, the
-        iteration and the sparsifier's state (e.g. MiCRO's threshold controller)."""
+        """The wrapped optimizer's state plus, for sparse methods, this rank's residual,
+        the iteration and the sparsifier's state (e.g. MiCRO's threshold controller).
+
+        The residual belongs to this rank: the state records the rank and the set size,
+        and :meth:`load_state_dict` refuses another rank's (see the README,
+        "Checkpoints").
+        """
         state = super(self.__class__, self).state_dict()
-        if self._sparse:
+        if self._reducer is not None:
             state[_STATE_KEY] = self._reducer.state_dict()
         return state
 
@@ -271,8 +369,48 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False
         self._should_synchronize = True
         super(self.__class__, self).load_state_dict(state_dict)
-        if self._sparse and sparse_state is not None:
+        if self._reducer is not None and sparse_state is not None:
             self._reducer.load_state_dict(sparse_state)
+            self._state_sync_pending = True
+
+
+def _make_hook(optimizer: weakref.ref):
+    def hook(p):
+        opt = optimizer()
+        if opt is not None:
+            opt._on_gradient(p)
+    return hook
+
+
+def _remove_handles(handles: list) -> None:
+    for handle in handles:
+        handle.remove()
+
+
+def _collective_prefix(set_id: int, layout: FlatLayout, compression) -> str:
+    """Names for this optimizer's collectives, from what every rank of the set shares.
+
+    Horovod matches collectives by name. The prefix combines the process set, a digest of
+    the (already collectively checked) parameter signature and compressor settings, and
+    how many such optimizers this process built before: ranks that build different
+    numbers of optimizers for other process sets still name the same collective alike.
+    """
+    config = compression.config() if isinstance(compression, Sparsifier) else repr(compression)
+    digest = hashlib.sha1(repr((layout.signature(), config)).encode()).hexdigest()[:10]
+    key = (set_id, digest)
+    _built[key] += 1
+    return f"hvm.ps{set_id}.{digest}.{_built[key] - 1}"
+
+
+def _install_sparse(p, aggregated: torch.Tensor) -> None:
+    """Put a sparse aggregate into ``p.grad`` (sparse tensors support no ``set_``)."""
+    p.grad.zero_().add_(aggregated)
+
+
+def _sparse_bytes(grad: torch.Tensor) -> int:
+    grad = grad.coalesce()
+    return (grad.indices().numel() * grad.indices().element_size()
+            + grad.values().numel() * grad.values().element_size())
 
 
 def _name_parameters(param_groups, named_parameters):
@@ -285,8 +423,15 @@ def _name_parameters(param_groups, named_parameters):
                          "usually produced by model.named_parameters().")
     in_optimizer = {id(p) for p in all_params}
     # Only parameters the optimizer updates take part, sorted by name as Horovod does, so
-    # every rank builds the same flat layout.
-    return sorted(((n, p) for n, p in named if id(p) in in_optimizer), key=lambda x: x[0])
+    # every rank builds the same flat layout. A tensor listed under several names (tied
+    # weights, ``named_parameters(remove_duplicate=False)``) takes part once, under its
+    # first name in that order: Horovod, too, keys its state by tensor.
+    unique, seen = [], set()
+    for n, p in sorted(named, key=lambda x: x[0]):
+        if id(p) in in_optimizer and id(p) not in seen:
+            seen.add(id(p))
+            unique.append((n, p))
+    return unique
 
 
 def _resolve_groups(groups, layout: FlatLayout):

@@ -152,13 +152,23 @@ class SparseReducer:
             p.grad = view
 
     # ----- checkpointing ----------------------------------------------------------------
+    def shared_state(self) -> dict:
+        """What every rank of the set holds identically: the iteration and the
+        sparsifier's state (e.g. MiCRO's controller). Not the residual, which is per rank."""
+        return {"iteration": self.iteration, "sparsifier": self.sparsifier.state_dict()}
+
+    def load_shared_state(self, state: dict) -> None:
+        self.iteration = int(state["iteration"])
+        self.sparsifier.load_state_dict(state["sparsifier"])
+
     def state_dict(self) -> dict:
         return {
-            "iteration": self.iteration,
+            **self.shared_state(),
             "numel": self.layout.numel,
             "config": self.sparsifier.config(),
+            "rank": self.comm.rank,
+            "size": self.comm.size,
             "residual": self.residual.detach().clone(),
-            "sparsifier": self.sparsifier.state_dict(),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -168,6 +178,14 @@ class SparseReducer:
         if state["config"] != self.sparsifier.config():
             raise ValueError(f"checkpoint was made with {state['config']}, this optimizer "
                              f"uses {self.sparsifier.config()}")
-        self.iteration = int(state["iteration"])
+        saved = (state.get("rank", self.comm.rank), state.get("size", self.comm.size))
+        if saved != (self.comm.rank, self.comm.size):
+            raise ValueError(
+                f"this optimizer state is rank {saved[0]} of {saved[1]}'s, but this is rank "
+                f"{self.comm.rank} of {self.comm.size}: the error-feedback residual belongs "
+                "to the rank that accumulated it. Load each rank's own optimizer state, or "
+                "load on rank 0 only and call hvd.broadcast_optimizer_state(optimizer, 0) on "
+                "every rank (the iteration and the threshold controller then follow rank 0; "
+                "the other ranks restart with an empty residual)")
         self.residual.copy_(state["residual"])
-        self.sparsifier.load_state_dict(state["sparsifier"])
+        self.load_shared_state(state)

@@ -35,7 +35,12 @@ every rank holds a bit-identical threshold without communicating it.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
+
+STATE_VERSION = 1
+# What the controller learns while it runs; everything else (gains, clamps) is code and
+# comes from the class, not from a checkpoint, so a fixed gain reaches resumed runs too.
+STATE_FIELDS = ("threshold", "alpha", "excess", "engaged")
 
 
 def initial_threshold(target_count: int) -> float:
@@ -131,8 +136,13 @@ class DensityController:
         return self.threshold
 
     def state_dict(self) -> dict:
-        return asdict(self)
+        return {"version": STATE_VERSION, **{f: getattr(self, f) for f in STATE_FIELDS}}
 
     def load_state_dict(self, state: dict) -> None:
-        for key, value in state.items():
-            setattr(self, key, value)
+        """Restore the learned state (a version-0 state, which also held the gains, too)."""
+        version = state.get("version", 0)
+        if version > STATE_VERSION:
+            raise ValueError(f"density controller state version {version} is newer than this "
+                             f"horovod_micro understands ({STATE_VERSION})")
+        for f in STATE_FIELDS:
+            setattr(self, f, state[f])

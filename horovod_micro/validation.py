@@ -14,7 +14,7 @@ import math
 import horovod.torch as hvd
 import torch
 
-from .exchange import allgather_object
+from .exchange import Comm, allgather_object
 from .sparsifiers.base import Sparsifier
 
 
@@ -51,11 +51,13 @@ def local_errors(opt, named, groups) -> list[str]:
         if not torch.is_floating_point(p):
             errors.append(f"parameter {name!r} has dtype {p.dtype}: gradients must be "
                           "floating point")
-    devices = {str(p.device) for p in layout.params}
-    if len(devices) > 1:
-        errors.append(f"all parameters must be on one device, found {sorted(devices)}")
-
     compression = opt._compression
+    devices = {str(p.device) for p in layout.params}
+    if isinstance(compression, Sparsifier) and len(devices) > 1:
+        # The sparse exchange treats the model as one flat vector on one device; the dense
+        # path, like Horovod's, exchanges each parameter where it lives.
+        errors.append(f"{compression.name}: all parameters must be on one device for a "
+                      f"sparse exchange, found {sorted(devices)}")
     if isinstance(compression, Sparsifier):
         error = compression.config_error() or compression.bind_error(layout.numel)
         if error:
@@ -75,8 +77,12 @@ def _compression_config(compression) -> dict:
     return {"method": name}
 
 
-def check_collectively(opt, named, groups) -> None:
-    """Raise on every rank of ``opt.process_set`` if any rank's arguments are wrong."""
+def check_collectively(opt, named, groups, comm: Comm) -> None:
+    """Raise on every rank of ``opt.process_set`` if any rank's arguments are wrong.
+
+    ``comm``'s names must not depend on anything that may differ across ranks (the
+    parameters, the compressor), or a rank with a typo would wait in a differently named
+    collective."""
     mine = {
         "errors": local_errors(opt, named, groups),
         "signature": opt._layout.signature(),
@@ -88,7 +94,7 @@ def check_collectively(opt, named, groups) -> None:
         },
     }
     if opt.process_set.size() > 1:
-        everyone = allgather_object(opt._comm, mine)
+        everyone = allgather_object(comm, mine)
     else:
         everyone = [mine]
 

@@ -29,9 +29,9 @@ def _batch(x, y, rank, t, batch=32):
     return x[idx], y[idx]
 
 
-def _build(model, density):
+def _build(model, density, weight_decay=1e-4):
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, nesterov=True,
-                          weight_decay=1e-4)
+                          weight_decay=weight_decay)
     return hvm.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
                                     compression=hvm.Compression.micro(density=density))
 
@@ -267,3 +267,180 @@ def usage_patterns():
         "clipped": max(norms) > 0.5,
     })
     return result
+
+
+def process_set_member_and_outsider(sparse):
+    """Every rank builds an optimizer over a set holding only rank 0 (Horovod's
+    test_optimizer_process_sets shape): rank 0 exchanges, the others step locally."""
+    only_zero = hvd.add_process_set([0])
+    torch.manual_seed(hvd.rank())
+    model = _mlp()
+    compression = hvm.Compression.micro(density=0.05) if sparse else hvd.Compression.none
+    opt = hvm.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters(),
+                                   compression=compression, process_set=only_zero)
+    x, y = _digits()
+    before = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone()
+    _train(model, opt, x, y, 0, 3)
+    after = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    # What a plain local SGD step computes from this rank's last gradient is checked by
+    # the test through "moved"; the exchange count through last_stats.
+    result = {"moved": bool((after != before).any()),
+              "exchanges": None if opt.last_stats is None else opt.last_stats.iteration + 1}
+    hvd.barrier()
+    hvd.remove_process_set(only_zero)
+    return result
+
+
+def resume_by_broadcast(first, second, density=0.02):
+    """Horovod's resume idiom: rank 0 loads a checkpoint, then every rank broadcasts
+    parameters and optimizer state. Records, per step after the resume, every rank's
+    iteration and threshold and how many distinct coordinates the update touched.
+
+    No weight decay: hvd.broadcast_optimizer_state initialises an empty state with a
+    zero-gradient local step, which weight decay turns into a parameter change on the
+    ranks that did not load (stock Horovod does the same)."""
+    x, y = _digits()
+    torch.manual_seed(0)
+    model = _mlp()
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    opt = _build(model, density, weight_decay=0.0)
+    _train(model, opt, x, y, 0, first)
+    saved_model = {k: v.clone() for k, v in model.state_dict().items()}
+    saved_opt = copy.deepcopy(opt.state_dict())
+
+    torch.manual_seed(1 + hvd.rank())
+    model = _mlp()
+    opt = _build(model, density, weight_decay=0.0)
+    if hvd.rank() == 0:
+        model.load_state_dict(saved_model)
+        opt.load_state_dict(saved_opt)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    steps = []
+    for t in range(first, first + second):
+        xb, yb = _batch(x, y, hvd.rank(), t)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(xb), yb).backward()
+        opt.synchronize()
+        touched = sum(int((p.grad != 0).sum()) for p in model.parameters())
+        with opt.skip_synchronize():
+            opt.step()
+        s = opt.last_stats
+        steps.append({"iteration": s.iteration, "threshold": s.threshold,
+                      "global_count": s.global_count, "touched": touched})
+    params = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    gathered = hvd.allgather(params.unsqueeze(0), name="resume.params")
+    # Loading another rank's residual is refused with a clear error.
+    foreign = hvd.broadcast_object(saved_opt if hvd.rank() == 0 else None, root_rank=0,
+                                   name="resume.foreign")
+    try:
+        opt.load_state_dict(foreign)
+        refused = None
+    except ValueError as error:
+        refused = str(error)
+    return {"steps": steps, "params_equal": bool((gathered == gathered[0]).all()),
+            "refused": refused}
+
+
+class _Tied(torch.nn.Module):
+    """Input and output projections share one weight (tied embeddings)."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp = torch.nn.Linear(64, 16, bias=False)
+        self.out = torch.nn.Linear(16, 64, bias=False)
+        self.out.weight = torch.nn.Parameter(self.inp.weight.t().contiguous())
+        self.tied = torch.nn.Linear(16, 16)
+        self.tied2 = torch.nn.Linear(16, 16)
+        self.tied2.weight = self.tied.weight
+
+    def forward(self, x):
+        return self.out(self.tied2(self.tied(self.inp(x))))
+
+
+def tied_parameters(sparse):
+    """A tensor listed twice by ``named_parameters(remove_duplicate=False)`` takes part
+    once; the result is the ranks' average (the sparse path through Top-k at density 1,
+    which sends every coordinate)."""
+    torch.manual_seed(0)
+    model = _Tied()
+    compression = hvm.Compression.topk(density=1.0) if sparse else hvm.Compression.none
+    opt = hvm.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.0),
+        named_parameters=list(model.named_parameters(remove_duplicate=False)),
+        compression=compression)
+    x, _ = _digits()
+    out = []
+    for t in range(3):
+        xb = x[10 * hvd.rank() + t: 10 * hvd.rank() + t + 8]
+        opt.zero_grad()
+        model(xb).pow(2).mean().backward()
+        local = model.tied.weight.grad.clone()
+        opt.step()
+        mean = hvd.allreduce(local, name=f"tied.mean.{t}")
+        out.append(float((model.tied.weight.grad - mean).abs().max()))
+    return {"steps": out, "numel": opt.last_stats.numel,
+            "unique_numel": sum(p.numel() for p in model.parameters())}
+
+
+def rewrap_and_close(sparse):
+    """Wrapping the same model again closes the previous optimizer; an optimizer that
+    is dropped releases its hooks and buffers."""
+    import gc
+    import warnings
+    import weakref
+
+    torch.manual_seed(0)
+    model = _mlp()
+    x, y = _digits()
+
+    def wrap():
+        compression = hvm.Compression.micro(density=0.05) if sparse else hvm.Compression.none
+        return hvm.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                        named_parameters=model.named_parameters(),
+                                        compression=compression)
+
+    first = wrap()
+    _train(model, first, x, y, 0, 2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        second = wrap()
+    # The first one's hooks would raise after backward_passes_per_step passes.
+    _train(model, second, x, y, 2, 6)
+    try:
+        first.step()
+        first_step = None
+    except RuntimeError as error:
+        first_step = str(error)
+    buffers_freed = first._reducer is None
+    gone = weakref.ref(second)
+    del second
+    gc.collect()
+    collected = gone() is None
+    # With no optimizer left, backward passes count nothing and raise nothing.
+    for _ in range(3):
+        torch.nn.functional.cross_entropy(model(x[:8]), y[:8]).backward()
+    third = wrap()
+    _train(model, third, x, y, 6, 8)
+    return {"warned": any("already wrapped" in str(w.message) for w in caught),
+            "first_step": first_step, "buffers_freed": buffers_freed,
+            "collected": collected, "third_iterations": third.last_stats.iteration + 1}
+
+
+def clean_after_collective_error():
+    """After a CollectiveInputError the pass counters are reset: zero_grad() and the next
+    backward work on every rank."""
+    embedding = torch.nn.Embedding(100, 8, sparse=(hvd.rank() == 1))
+    opt = hvm.DistributedOptimizer(torch.optim.SGD(embedding.parameters(), lr=0.1),
+                                   named_parameters=[("emb", embedding.weight)],
+                                   compression=hvm.Compression.micro(density=0.05))
+    embedding(torch.tensor([1, 2, 3])).sum().backward()
+    try:
+        opt.step()
+        raised = None
+    except hvm.CollectiveInputError as error:
+        raised = type(error).__name__
+    opt.zero_grad()  # raised AssertionError before: counters were left at 1
+    embedding(torch.tensor([4, 5])).sum().backward()
+    return {"raised": raised, "zero_grad_ok": True}

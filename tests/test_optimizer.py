@@ -65,11 +65,61 @@ def test_bad_input_raises_on_every_rank(backend_):
                 assert word in got["message"], (r.rank, case, got["message"])
 
 
-def test_process_set_without_this_rank():
-    results = run_ranks("ranks_optimizer:process_set_membership", np=2,
-                        env={"HOROVOD_DYNAMIC_PROCESS_SETS": "1"})
-    assert results[0].value == {"raised": None, "iteration": 2}
-    assert "not in the process set" in results[1].value["raised"]
+@pytest.mark.parametrize("sparse", [False, True])
+def test_rank_outside_the_process_set_steps_locally(backend, sparse):
+    """Horovod's rule: a rank outside the optimizer's set exchanges nothing and steps on
+    its own gradient; the member exchanges over a set of one."""
+    results = run_ranks("ranks_optimizer:process_set_member_and_outsider", np=3,
+                        backend=backend, kwargs={"sparse": sparse},
+                        env={"HOROVOD_DYNAMIC_PROCESS_SETS": "1"}, timeout=180)
+    assert results[0].value == {"moved": True, "exchanges": 3}
+    for r in results[1:]:
+        assert r.value == {"moved": True, "exchanges": None}
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_resume_by_rank0_load_and_broadcast_keeps_micro_exclusive(np_):
+    first, second = 7, 6
+    results = run_ranks("ranks_optimizer:resume_by_broadcast", np=np_,
+                        kwargs={"first": first, "second": second}, timeout=180)
+    reference = results[0].value["steps"]
+    assert [s["iteration"] for s in reference] == list(range(first, first + second))
+    for r in results:
+        steps = r.value["steps"]
+        # Same iteration and bit-identical threshold on every rank at every step.
+        assert [(s["iteration"], s["threshold"]) for s in steps] == [
+            (s["iteration"], s["threshold"]) for s in reference]
+        # Parts disjoint: the update touches as many distinct coordinates as were
+        # selected in all (overlapping parts would select some twice).
+        assert all(s["touched"] == s["global_count"] > 0 for s in steps), steps
+        assert r.value["params_equal"]
+    assert results[0].value["refused"] is None
+    for r in results[1:]:
+        assert "rank 0 of" in r.value["refused"] and "residual" in r.value["refused"]
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_tied_parameters_take_part_once(sparse):
+    results = run_ranks("ranks_optimizer:tied_parameters", np=2, kwargs={"sparse": sparse})
+    for r in results:
+        assert r.value["numel"] == r.value["unique_numel"]
+        assert max(r.value["steps"]) < 1e-6, r.value["steps"]
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_rewrapping_closes_the_previous_optimizer(sparse):
+    results = run_ranks("ranks_optimizer:rewrap_and_close", np=2, kwargs={"sparse": sparse})
+    for r in results:
+        v = r.value
+        assert v["warned"] and v["buffers_freed"] and v["collected"]
+        assert "closed" in v["first_step"]
+        assert v["third_iterations"] == 2
+
+
+def test_pass_counters_reset_after_a_collective_error():
+    results = run_ranks("ranks_optimizer:clean_after_collective_error", np=2)
+    for r in results:
+        assert r.value == {"raised": "CollectiveInputError", "zero_grad_ok": True}
 
 
 @pytest.mark.parametrize("density", [0.0, -0.1, 1.5, math.nan, math.inf, True, "0.1"])
