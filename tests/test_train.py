@@ -55,6 +55,9 @@ def test_micro_reaches_the_stated_accuracy_and_writes_everything(runs):
     ckpt = torch.load(out / "checkpoint.pt", weights_only=False)
     assert ckpt["epoch"] == 4 and ckpt["world_size"] == 2 and len(ckpt["rank_states"]) == 2
     assert ckpt["rank_states"][0]["sparse"]["residual"].numel() == iterations[0]["numel"]
+    for r, part in enumerate(ckpt["rank_states"]):  # each rank's own part, on the CPU
+        assert (part["sparse"]["rank"], part["sparse"]["size"]) == (r, 2)
+        assert part["sparse"]["residual"].device.type == "cpu"
     summary = json.loads((out / "summary.json").read_text())
     assert summary["final_accuracy"] == epochs[-1]["test_accuracy"]
     assert summary["bytes_ratio"] < 0.2

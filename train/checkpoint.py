@@ -3,14 +3,17 @@
 Most of a run's state is identical on all ranks (parameters, momentum: every rank applies
 the same aggregated gradient). Some is not: each rank's error-feedback residual (a sparse
 method's memory of what it has not sent yet), its RNG states (data augmentation) and its
-BatchNorm running statistics. Rank 0 collects those per-rank parts with one broadcast per
-rank and writes a single file, so resuming needs no shared filesystem; on ``--resume``
-rank 0 reads the file and hands each rank its part. Resuming thus continues exactly the
+BatchNorm running statistics. Each rank moves its part to the CPU and sends it to rank 0
+alone (one ``alltoall`` in which only the sends to rank 0 are non-empty: O(N) bytes per
+rank, not the O(n N) of broadcasting every part to every rank), and rank 0 writes a single
+file, so resuming needs no shared filesystem; on ``--resume`` rank 0 reads the file and
+sends each rank its own part the same way. Resuming thus continues exactly the
 uninterrupted run.
 """
 
 from __future__ import annotations
 
+import io
 import os
 import random
 from pathlib import Path
@@ -42,9 +45,51 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def _to_cpu(obj):
+    if torch.is_tensor(obj):
+        return obj.detach().cpu().clone()
+    if isinstance(obj, dict):
+        return {k: _to_cpu(v) for k, v in obj.items()}
+    return obj
+
+
 def _rank_state(model: torch.nn.Module, optimizer_state: dict) -> dict:
-    return {"sparse": optimizer_state.get(SPARSE_KEY), "rng": rng_state(),
+    return {"sparse": _to_cpu(optimizer_state.get(SPARSE_KEY)), "rng": rng_state(),
             "buffers": {k: v.detach().cpu().clone() for k, v in model.named_buffers()}}
+
+
+def _encode(obj) -> torch.Tensor:
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
+
+
+def _decode(data: torch.Tensor):
+    return torch.load(io.BytesIO(data.numpy().tobytes()), map_location="cpu",
+                      weights_only=False)
+
+
+def _gather_to_root(obj, name: str) -> list | None:
+    """Every rank's ``obj``, on rank 0 only (``None`` elsewhere)."""
+    data = _encode(obj)
+    splits = [data.numel() if r == 0 else 0 for r in range(hvd.size())]
+    received, counts = hvd.alltoall(data, splits=torch.tensor(splits, dtype=torch.int32),
+                                    name=name)
+    if hvd.rank() != 0:
+        return None
+    return [_decode(chunk) for chunk in torch.split(received, counts.tolist())]
+
+
+def _scatter_from_root(objs: list | None, name: str):
+    """Rank ``r``'s entry of rank 0's list ``objs``, on rank ``r``."""
+    if hvd.rank() == 0:
+        parts = [_encode(obj) for obj in objs]
+        data, splits = torch.cat(parts), [p.numel() for p in parts]
+    else:
+        data, splits = torch.empty(0, dtype=torch.uint8), [0] * hvd.size()
+    received, _ = hvd.alltoall(data, splits=torch.tensor(splits, dtype=torch.int32),
+                               name=name)
+    return _decode(received)
 
 
 def save(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
@@ -55,9 +100,7 @@ def save(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     iteration, the cumulative training time and the run's arguments.
     """
     opt_state = optimizer.state_dict()
-    mine = _rank_state(model, opt_state)
-    ranks = [hvd.broadcast_object(mine if r == hvd.rank() else None, root_rank=r,
-                                  name=f"train.ckpt.rank{r}") for r in range(hvd.size())]
+    ranks = _gather_to_root(_rank_state(model, opt_state), name="train.ckpt.gather")
     if hvd.rank() != 0:
         return
     opt_state = {k: v for k, v in opt_state.items() if k != SPARSE_KEY}
@@ -87,14 +130,8 @@ def load(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -
     if hvd.rank() == 0:
         shared = {k: v for k, v in payload.items() if k != "rank_states"}
     shared = hvd.broadcast_object(shared, root_rank=0, name="train.ckpt.shared")
-    mine = None
-    for r in range(1, hvd.size()):
-        got = hvd.broadcast_object(payload["rank_states"][r] if hvd.rank() == 0 else None,
-                                   root_rank=0, name=f"train.ckpt.to{r}")
-        if hvd.rank() == r:
-            mine = got
-    if hvd.rank() == 0:
-        mine = payload["rank_states"][0]
+    mine = _scatter_from_root(payload["rank_states"] if hvd.rank() == 0 else None,
+                              name="train.ckpt.scatter")
     model.load_state_dict(shared["model"])
     with torch.no_grad():
         for name, buf in model.named_buffers():
