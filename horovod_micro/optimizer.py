@@ -298,6 +298,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 else:
                     p.grad.set_(result)
                 nbytes += t.numel() * t.element_size()
+        for p in self._layout.params:
+            if not p.requires_grad:
+                # Frozen after wrapping: it took part (every rank runs the same
+                # collectives), but the wrapped optimizer must not update it.
+                p.grad = None
         numel = self._layout.numel
         sent, received = ring_allreduce_bytes(nbytes, self.process_set.size())
         self._record(StepStats(

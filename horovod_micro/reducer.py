@@ -146,6 +146,9 @@ class SparseReducer:
 
     def _write_back(self) -> None:
         for p, (start, end) in zip(self.layout.params, self.layout.slices):
+            if not p.requires_grad:  # frozen after wrapping: the optimizer must skip it
+                p.grad = None
+                continue
             view = self.output[start:end].view_as(p)
             if p.dtype != view.dtype:
                 view = view.to(p.dtype)

@@ -444,3 +444,22 @@ def clean_after_collective_error():
     opt.zero_grad()  # raised AssertionError before: counters were left at 1
     embedding(torch.tensor([4, 5])).sum().backward()
     return {"raised": raised, "zero_grad_ok": True}
+
+
+def frozen_after_wrapping(sparse):
+    """A parameter frozen after the optimizer was built gets no ``.grad`` and does not
+    move (momentum SGD would move it on a zero gradient)."""
+    torch.manual_seed(0)
+    model = _mlp()
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    opt = _build(model, 0.05) if sparse else hvm.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+        named_parameters=model.named_parameters())
+    x, y = _digits()
+    _train(model, opt, x, y, 0, 2)
+    frozen = model[0].weight
+    frozen.requires_grad_(False)
+    before = frozen.detach().clone()
+    _train(model, opt, x, y, 2, 5)
+    return {"grad_is_none": frozen.grad is None, "moved": bool((frozen != before).any()),
+            "others_moved": bool(model[2].weight.grad is not None)}

@@ -164,3 +164,10 @@ def test_horovod_usage_patterns():
         assert v["iterations"] == 30
         assert v["params_equal_across_ranks"] and v["clipped"]
         assert v["last_loss"] < v["first_loss"]
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_parameter_frozen_after_wrapping_is_left_alone(sparse):
+    results = run_ranks("ranks_optimizer:frozen_after_wrapping", np=2, kwargs={"sparse": sparse})
+    for r in results:
+        assert r.value == {"grad_is_none": True, "moved": False, "others_moved": True}
