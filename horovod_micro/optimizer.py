@@ -67,7 +67,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, compression, backward_passes_per_step=1,
                  op=hvd.Average, gradient_predivide_factor=1.0, groups=None,
                  sparse_as_dense=False, process_set=hvd.global_process_set,
-                 stats_callback=None):
+                 stats_callback=None, grad_scaler=None):
         super(self.__class__, self).__init__(params)
         self._compression = compression
         self.backward_passes_per_step = backward_passes_per_step
@@ -76,6 +76,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.sparse_as_dense = sparse_as_dense
         self.process_set = process_set
         self.stats_callback = stats_callback
+        self.grad_scaler = grad_scaler
+        # The scale of the residual's and the threshold's units: they start unscaled
+        # (the first threshold, 1/(2 sqrt k), is a gradient magnitude).
+        self._loss_scale = 1.0
         self.last_stats: StepStats | None = None
         self._synchronized = False
         self._should_synchronize = True
@@ -237,6 +241,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             elif self._sparse:
                 if self._state_sync_pending:
                     self._adopt_shared_state()
+                self._follow_loss_scale()
                 self._reducer.reduce()
             elif self.process_set.size() > 1 or self._hooks:
                 self._synchronize_dense()
@@ -265,6 +270,18 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                       process_set=self.process_set)
         self._reducer.load_shared_state(shared)
         self._state_sync_pending = False
+
+    def _follow_loss_scale(self) -> None:
+        """With ``grad_scaler``, keep the residual and the threshold in the units of this
+        step's gradients: GradScaler doubles the scale after ``growth_interval`` clean
+        steps and halves it on an overflow, and ``synchronize()`` runs before
+        ``unscale_``, so the residual holds loss-scaled values."""
+        if self.grad_scaler is None or not self.grad_scaler.is_enabled():
+            return
+        scale = float(self.grad_scaler.get_scale())  # a host sync on a GPU, once a step
+        if scale != self._loss_scale:
+            self._reducer.rescale(scale / self._loss_scale)
+            self._loss_scale = scale
 
     def _synchronize_dense(self) -> None:
         start = time.perf_counter()
@@ -362,7 +379,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """
         state = super(self.__class__, self).state_dict()
         if self._reducer is not None:
-            state[_STATE_KEY] = self._reducer.state_dict()
+            state[_STATE_KEY] = {**self._reducer.state_dict(), "loss_scale": self._loss_scale}
         return state
 
     def load_state_dict(self, state_dict: dict) -> None:
@@ -376,6 +393,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         super(self.__class__, self).load_state_dict(state_dict)
         if self._reducer is not None and sparse_state is not None:
             self._reducer.load_state_dict(sparse_state)
+            self._loss_scale = sparse_state.get("loss_scale", 1.0)
             self._state_sync_pending = True
 
 
@@ -464,6 +482,7 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name)
     sparse_as_dense: bool = False,
     process_set: hvd.ProcessSet = hvd.global_process_set,
     stats_callback: Callable[[StepStats], None] | None = None,
+    grad_scaler: torch.amp.GradScaler | None = None,
 ) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so that ``step()`` first exchanges gradients across ranks.
 
@@ -475,6 +494,11 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name)
             Horovod's dense allreduce.
         stats_callback: called with a :class:`~horovod_micro.stats.StepStats` after every
             exchange (the latest is also kept in ``optimizer.last_stats``).
+        grad_scaler: the ``torch.amp.GradScaler`` of a mixed-precision run whose steps
+            call ``synchronize()`` before ``scaler.unscale_(optimizer)`` (Horovod's
+            pattern). A sparse method's residual and threshold then live in loss-scaled
+            units; passing the scaler lets them follow each change of the scale. Not
+            needed when ``scaler.step(optimizer)`` unscales before the exchange.
 
     Differences from Horovod, each deliberate:
 
@@ -507,4 +531,4 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name)
     cls.__module__ = hvd.DistributedOptimizer.__module__
     return cls(optimizer.param_groups, named_parameters, compression,
                backward_passes_per_step, op, gradient_predivide_factor, groups,
-               sparse_as_dense, process_set, stats_callback)
+               sparse_as_dense, process_set, stats_callback, grad_scaler)

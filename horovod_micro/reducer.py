@@ -154,6 +154,13 @@ class SparseReducer:
                 view = view.to(p.dtype)
             p.grad = view
 
+    def rescale(self, ratio: float) -> None:
+        """Gradients now come in units ``ratio`` times the previous ones (a loss scale
+        changed): the residual and the sparsifier's threshold follow, so that error
+        feedback adds like to like and the density holds."""
+        self.residual.mul_(ratio)
+        self.sparsifier.rescale(ratio)
+
     # ----- checkpointing ----------------------------------------------------------------
     def shared_state(self) -> dict:
         """What every rank of the set holds identically: the iteration and the

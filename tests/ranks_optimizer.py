@@ -463,3 +463,45 @@ def frozen_after_wrapping(sparse):
     _train(model, opt, x, y, 2, 5)
     return {"grad_is_none": frozen.grad is None, "moved": bool((frozen != before).any()),
             "others_moved": bool(model[2].weight.grad is not None)}
+
+
+def loss_scale_changes(steps, density=0.05):
+    """The same run three times: without loss scaling; with a GradScaler whose scale
+    doubles every step (growth_interval=1), passed to the optimizer; and with that scaler
+    not passed. Powers of two scale exactly, so the first two must agree."""
+    x, y = _digits()
+
+    def run(mode):
+        torch.manual_seed(0)
+        model = _mlp()
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**4, growth_interval=1)
+        opt = hvm.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.05),
+            named_parameters=model.named_parameters(),
+            compression=hvm.Compression.micro(density=density),
+            grad_scaler=scaler if mode == "passed" else None)
+        counts, scales = [], []
+        for t in range(steps):
+            xb, yb = _batch(x, y, hvd.rank(), t)
+            opt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(xb), yb)
+            if mode == "unscaled":
+                loss.backward()
+                opt.step()
+            else:
+                scaler.scale(loss).backward()
+                opt.synchronize()
+                scaler.unscale_(opt)
+                with opt.skip_synchronize():
+                    scaler.step(opt)
+                scaler.update()
+                scales.append(scaler.get_scale())
+            counts.append(opt.last_stats.global_count)
+        return torch.cat([p.detach().reshape(-1) for p in model.parameters()]), counts, scales
+
+    reference, ref_counts, _ = run("unscaled")
+    passed, passed_counts, scales = run("passed")
+    ignored, ignored_counts, _ = run("ignored")
+    return {"passed_diff": float((passed - reference).abs().max()),
+            "ignored_diff": float((ignored - reference).abs().max()),
+            "counts": [ref_counts, passed_counts, ignored_counts], "scales": scales}

@@ -171,3 +171,15 @@ def test_parameter_frozen_after_wrapping_is_left_alone(sparse):
     results = run_ranks("ranks_optimizer:frozen_after_wrapping", np=2, kwargs={"sparse": sparse})
     for r in results:
         assert r.value == {"grad_is_none": True, "moved": False, "others_moved": True}
+
+
+def test_grad_scaler_changes_rescale_residual_and_threshold():
+    results = run_ranks("ranks_optimizer:loss_scale_changes", np=2, kwargs={"steps": 12})
+    for r in results:
+        v = r.value
+        assert v["scales"][-1] == 2.0**4 * 2**12  # the scale really changed every step
+        reference, passed, ignored = v["counts"]
+        assert passed == reference, v["counts"]
+        assert v["passed_diff"] < 1e-6
+        # Without the scaler the residual mixes units and the threshold lags: another run.
+        assert v["ignored_diff"] > 1e-4 and ignored != reference

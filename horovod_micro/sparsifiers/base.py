@@ -144,6 +144,10 @@ class Sparsifier:
     def threshold(self) -> float | None:
         return None
 
+    def rescale(self, ratio: float) -> None:
+        """The gradients' units changed by ``ratio`` (a loss scale grew or backed off):
+        scale whatever is measured in them (default: nothing)."""
+
     def wire(self, values: torch.Tensor) -> torch.Tensor:
         return values.to(torch.float16) if self.fp16_values else values
 

@@ -69,6 +69,9 @@ class MicroCompressor(Sparsifier):
     def threshold(self) -> float:
         return self.controller.threshold
 
+    def rescale(self, ratio: float) -> None:
+        self.controller.threshold *= ratio
+
     def select(self, acc: torch.Tensor, iteration: int) -> torch.Tensor:
         start, end = self.bounds[owned_part(self.comm.rank, iteration, self.comm.size)]
         indices = self._selector(acc[start:end], self.controller.threshold, start, self.numel)

@@ -81,6 +81,9 @@ class HardThresholdCompressor(Sparsifier):
     def threshold(self) -> float:
         return float(self.lam)
 
+    def rescale(self, ratio: float) -> None:
+        self.lam = float(self.lam) * ratio
+
     def select(self, acc: torch.Tensor, iteration: int) -> torch.Tensor:
         # The selector's buffer is reused by the next call; this selection lives only
         # until the exchange is over, but clone anyway: it is this rank's `contributed`.
