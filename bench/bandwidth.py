@@ -32,7 +32,8 @@ import sys
 import time
 from pathlib import Path
 
-from bench.common import horovodrun_cmd, mean, median, run_bounded
+from bench.common import mean, median
+from bench.launch import horovodrun_cmd, run_bounded
 
 REPO = Path(__file__).resolve().parent.parent
 SPARSE = ("micro", "topk", "threshold", "cltk", "randomk", "gtopk")
@@ -248,7 +249,7 @@ def main() -> None:
         cmd = [str(REPO / "bench/netns_run.sh"), rate, "1500",
                *horovodrun_cmd(args.np, "gloo", argv)]
         started = time.time()
-        log = run_bounded(cmd, timeout=1600, env={"PYTHONPATH": str(REPO)})
+        log = run_bounded(cmd, timeout=1600, env={"PYTHONPATH": str(REPO)}).stdout
         (REPO / f"bench/results/bandwidth-{rate}.log").write_text(log)
         results[rate] = json.loads(out.read_text())
         out.unlink()

@@ -23,7 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import horovodrun_cmd, median, run_bounded
+from bench.common import median
+from bench.launch import horovodrun_cmd, run_bounded
 
 PHASES = ("accumulate", "select", "exchange", "write_back")
 

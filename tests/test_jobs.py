@@ -13,16 +13,17 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from bench.launch import LaunchError, horovodrun_cmd, run_bounded
+from train.cli import KNOWN_COMPRESSORS, parse_args
+
 REPO = Path(__file__).resolve().parent.parent
 JOBS = REPO / "jobs"
 BIN = Path(sys.executable).parent
-sys.path.insert(0, str(REPO))
-
-from train.cli import KNOWN_COMPRESSORS, parse_args  # noqa: E402
 
 PAPER_MODELS = {"resnet18", "googlenet", "senet18"}
 PAPER_DATASETS = {"cifar10", "cifar100"}
@@ -162,22 +163,59 @@ def test_single_node_job_runs_on_two_ranks(tmp_path):
            "--out-dir", str(out), "--datasets", "digits", "--models", "digits_cnn",
            "--compressors", "micro", "--densities", "0.01", "--np", "2", "--",
            "--epochs", "1", "--max-iters-per-epoch", "2", "--no-plots", "--progress", "none"]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=job_env(OMP_NUM_THREADS="1"),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
     try:
-        output, _ = proc.communicate(timeout=150)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, 9)
-        output, _ = proc.communicate()
-        pytest.fail(f"the 2-rank job did not finish in 150 s\n{output[-4000:]}")
-    assert proc.returncode == 0, output[-4000:]
+        output = run_bounded(cmd, 150, cwd=REPO, base_env=job_env(),
+                             label="the 2-rank job").stdout
+    except LaunchError as error:
+        pytest.fail(str(error))
     run_dir = out / "digits" / "digits_cnn" / "micro-d0.01" / "np2"
     epochs = [json.loads(line) for line in (run_dir / "epochs.jsonl").read_text().splitlines()]
     assert len(epochs) == 1
     assert (run_dir / "iterations.jsonl").read_text().strip()
     assert (run_dir / "checkpoint.pt").exists()
     assert "[jobs] digits/digits_cnn/micro-d0.01/np2: exit 0" in output
+
+
+# ------------------------------------------- the shared launcher (bench/launch.py)
+def test_horovodrun_cmd_gloo_and_mpi():
+    gloo = horovodrun_cmd(3, "gloo", ["python", "x.py"])
+    assert Path(gloo[0]).name == "horovodrun"
+    assert gloo[1:] == ["-np", "3", "-H", "localhost:3", "--gloo", "python", "x.py"]
+    root = "--allow-run-as-root " if os.geteuid() == 0 else ""
+    mpi = horovodrun_cmd(2, "mpi", ["x"])
+    assert mpi[1:] == ["-np", "2", "-H", "localhost:2", "--mpi",
+                       f"--mpi-args={root}--oversubscribe --bind-to none "
+                       "-x OMPI_MCA_mpi_yield_when_idle=1", "x"]
+    busy = horovodrun_cmd(2, "mpi", ["x"], mpi_yield_when_idle=False)
+    assert busy[6] == f"--mpi-args={root}--oversubscribe --bind-to none"
+    with pytest.raises(ValueError, match="gloo or mpi"):
+        horovodrun_cmd(2, "nccl", ["x"])
+
+
+def test_run_bounded_output_exit_and_environment():
+    out = run_bounded(["bash", "-c", "echo $OMP_NUM_THREADS $PYTHONUNBUFFERED $X; echo e >&2"],
+                      30, env={"X": "y"})
+    assert out.returncode == 0 and out.stdout.split() == ["1", "1", "y", "e"]
+    with pytest.raises(LaunchError, match=r"(?s)the step exited 3\n.*boom") as info:
+        run_bounded(["bash", "-c", "echo boom; exit 3"], 30, label="the step")
+    assert info.value.returncode == 3 and not info.value.timed_out
+    assert run_bounded(["bash", "-c", "exit 3"], 30, check=False).returncode == 3
+
+
+def test_run_bounded_kills_the_whole_process_group_on_timeout(tmp_path):
+    pid_file = tmp_path / "pid"
+    script = f"sleep 300 & echo $! > {pid_file}; echo started; wait"
+    start = time.monotonic()
+    with pytest.raises(LaunchError, match=r"(?s)did not finish within 2 s.*started") as info:
+        run_bounded(["bash", "-c", script], 2)
+    assert info.value.timed_out and time.monotonic() - start < 30
+    grandchild = Path(f"/proc/{pid_file.read_text().strip()}/stat")
+    for _ in range(50):  # gone, or a zombie waiting for init to reap it
+        if not grandchild.exists() or grandchild.read_text().split(") ")[-1][0] == "Z":
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("the background child outlived the timeout")
 
 
 def test_dockerfile_lints_clean():
