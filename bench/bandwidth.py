@@ -21,6 +21,8 @@ headers, Horovod's negotiation and the two line-up allreduces included). Sparse 
 start from a calibrated threshold (the k-th largest |g| of a first gradient) so the few
 timed iterations run near the target density; the actual density is reported.
 
+Results, and the machine they were measured on: BENCHMARKS.md, section 3.
+
     .venv/bin/python -m bench.bandwidth [--quick] [--rates 100mbit 1gbit none]   (as root)
 """
 

@@ -17,6 +17,8 @@ cache entries), after a tiny untimed allreduce that lines the ranks up. Reported
 and mean latency of the gather+allreduce pair on rank 0, and bytes per rank (ring model of
 ``horovod_micro.stats``), for densities 0.01 and 0.001 of N = 11,173,962, over Gloo and MPI.
 
+Results, and the machine they were measured on: BENCHMARKS.md, section 2.
+
     .venv/bin/python -m bench.collective_shapes [--steps 300] [--backends gloo mpi] [--np 2]
 """
 

@@ -11,6 +11,8 @@ reducer's ``_accumulate`` and ``_write_back`` and the compressor's ``select`` an
 scatter/zeroing. ResNet-18 for CIFAR, batch 32, 2 Gloo ranks, rank 0 reported, medians;
 the threshold starts calibrated on a first gradient (the global count is printed).
 
+Results, and the machine they were measured on: BENCHMARKS.md, section 4.
+
     .venv/bin/python -m bench.pipeline [--iters 8] [--np 2]
 """
 

@@ -14,9 +14,12 @@ all methods side by side in one run, interleaved, repeated, medians reported:
 * ``threshold native`` / ``threshold torch``: a full-vector hard threshold (Sahu et al.)
   with the same native kernel and with ``nonzero(|g| >= t)``.
 
-The gradient (44.7 MB) exceeds the 32 MB L3 here; before every timed call a 64 MB buffer is
-read so each call starts from a cold cache, as after a backward pass over a large model
-(``--warm`` skips that). ``torch.set_num_threads(1)``: one core, as one rank of two here.
+Before every timed call a 64 MB buffer is read so that each call starts from a cold cache,
+as after a backward pass over a model larger than the cache (``--warm`` skips that).
+``torch.set_num_threads(1)``: one core, as one rank would have.
+
+Results, and the machine they were measured on (cache sizes included): BENCHMARKS.md,
+section 1 and "Machine and caveats".
 
     .venv/bin/python -m bench.selection_cost [--reps 11] [--quick] [--warm]
         [--json bench/results/selection_cost.json]
@@ -72,7 +75,7 @@ def main() -> None:
     else:
         g, source = real_gradient()
     N = g.numel()
-    flush_buf = torch.ones(16 * 1024 * 1024)  # 64 MB > L3
+    flush_buf = torch.ones(16 * 1024 * 1024)  # 64 MB: evicts the gradient from L2/L3
 
     def flush():
         if not args.warm:
