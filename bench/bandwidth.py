@@ -21,21 +21,21 @@ headers, Horovod's negotiation and the two line-up allreduces included). Sparse 
 start from a calibrated threshold (the k-th largest |g| of a first gradient) so the few
 timed iterations run near the target density; the actual density is reported.
 
-    .venv/bin/python bench/bandwidth.py [--quick] [--rates 100mbit 1gbit none]   (as root)
+Results, and the machine they were measured on: BENCHMARKS.md, section 3.
+
+    .venv/bin/python -m bench.bandwidth [--quick] [--rates 100mbit 1gbit none]   (as root)
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import sys
+import time
 from pathlib import Path
 
-sys.path[0] = str(Path(__file__).resolve().parent.parent)  # bench/select.py shadows `select`
-
-import argparse  # noqa: E402
-import json  # noqa: E402
-import time  # noqa: E402
-
-from bench.common import horovodrun_cmd, mean, median, run_bounded  # noqa: E402
+from bench.common import mean, median
+from bench.launch import horovodrun_cmd, run_bounded
 
 REPO = Path(__file__).resolve().parent.parent
 SPARSE = ("micro", "topk", "threshold", "cltk", "randomk", "gtopk")
@@ -243,7 +243,7 @@ def main() -> None:
     for rate in args.rates:
         out = REPO / f"bench/results/bandwidth-{rate}.part.json"
         out.unlink(missing_ok=True)
-        argv = [sys.executable, str(Path(__file__).resolve()), "--worker", str(out),
+        argv = [sys.executable, "-m", "bench.bandwidth", "--worker", str(out),
                 "--methods", *args.methods, "--densities", *map(str, args.densities),
                 "--batch", str(args.batch), "--warmup", str(args.warmup),
                 "--sparse-warmup", str(args.sparse_warmup),
@@ -251,7 +251,7 @@ def main() -> None:
         cmd = [str(REPO / "bench/netns_run.sh"), rate, "1500",
                *horovodrun_cmd(args.np, "gloo", argv)]
         started = time.time()
-        log = run_bounded(cmd, timeout=1600, env={"PYTHONPATH": str(REPO)})
+        log = run_bounded(cmd, timeout=1600, env={"PYTHONPATH": str(REPO)}).stdout
         (REPO / f"bench/results/bandwidth-{rate}.log").write_text(log)
         results[rate] = json.loads(out.read_text())
         out.unlink()

@@ -17,23 +17,23 @@ cache entries), after a tiny untimed allreduce that lines the ranks up. Reported
 and mean latency of the gather+allreduce pair on rank 0, and bytes per rank (ring model of
 ``horovod_micro.stats``), for densities 0.01 and 0.001 of N = 11,173,962, over Gloo and MPI.
 
-    .venv/bin/python bench/collective_shapes.py [--steps 300] [--backends gloo mpi] [--np 2]
+Results, and the machine they were measured on: BENCHMARKS.md, section 2.
+
+    .venv/bin/python -m bench.collective_shapes [--steps 300] [--backends gloo mpi] [--np 2]
 """
 
 from __future__ import annotations
 
+import argparse
+import json
+import os
 import sys
+import tempfile
+import time
 from pathlib import Path
 
-sys.path[0] = str(Path(__file__).resolve().parent.parent)  # bench/select.py shadows `select`
-
-import argparse  # noqa: E402
-import json  # noqa: E402
-import os  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-
-from bench.common import horovodrun_cmd, mean, median, run_bounded  # noqa: E402
+from bench.common import mean, median
+from bench.launch import horovodrun_cmd, run_bounded
 
 N = 11_173_962
 DENSITIES = (0.01, 0.001)
@@ -97,8 +97,11 @@ def main() -> None:
     for backend in args.backends:
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "r.json"
-            argv = [sys.executable, __file__, "--steps", str(args.steps), "--worker", str(out)]
-            run_bounded(horovodrun_cmd(args.np, backend, argv), timeout=600,
+            argv = [sys.executable, "-m", "bench.collective_shapes", "--steps", str(args.steps),
+                    "--worker", str(out)]
+            # Collective latency is what is measured: keep Open MPI's default busy polling.
+            cmd = horovodrun_cmd(args.np, backend, argv, mpi_yield_when_idle=False)
+            run_bounded(cmd, timeout=600,
                         env={"PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
             table[backend] = json.loads(out.read_text())
     print(f"# allgather(indices) + allreduce(values) per step, {args.np} ranks, "

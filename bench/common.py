@@ -1,4 +1,7 @@
-"""Shared helpers of the benchmarks: the ResNet-18 (CIFAR) model and timing utilities."""
+"""Shared helpers of the benchmarks: the ResNet-18 (CIFAR) model and timing utilities.
+
+Launching ranks (horovodrun command lines, bounded child processes): ``bench.launch``.
+"""
 
 from __future__ import annotations
 
@@ -53,40 +56,3 @@ def timed(fn) -> float:
     fn()
     return time.perf_counter() - start
 
-
-def horovodrun_cmd(np: int, backend: str, argv: list[str], extra_mpi: str = "") -> list[str]:
-    """``horovodrun`` command line for ``np`` local ranks over Gloo or MPI."""
-    import os
-    import sys
-    from pathlib import Path
-
-    exe = str(Path(sys.executable).parent / "horovodrun")
-    cmd = [exe, "-np", str(np), "-H", f"localhost:{np}"]
-    if backend == "gloo":
-        cmd.append("--gloo")
-    else:
-        mpi_args = "--oversubscribe --bind-to none " + extra_mpi
-        if os.geteuid() == 0:
-            mpi_args = "--allow-run-as-root " + mpi_args
-        cmd += ["--mpi", f"--mpi-args={mpi_args.strip()}"]
-    return cmd + argv
-
-
-def run_bounded(cmd: list[str], timeout: float, env: dict | None = None) -> str:
-    """Run ``cmd`` in its own process group; kill the whole group on timeout."""
-    import os
-    import signal
-    import subprocess
-
-    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
-    proc = subprocess.Popen(cmd, env=full_env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        raise RuntimeError(f"{cmd} timed out after {timeout} s\n{out[-4000:]}") from None
-    if proc.returncode != 0:
-        raise RuntimeError(f"{cmd} exited {proc.returncode}\n{out[-4000:]}")
-    return out

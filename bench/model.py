@@ -1,8 +1,9 @@
 """Scaling model: per-iteration time and bytes per rank for n = 2 ... 256 ranks.
 
-Inputs are measured (``bench/select.py`` -> selection cost, ``bench/bandwidth.py`` -> compute
-time, local sparse-pipeline cost, fixed per-exchange latency, bytes per rank); only the
-link bandwidth ``B`` and, for the cluster projection, the per-step latency are assumed.
+Inputs are measured (``bench/selection_cost.py`` -> selection cost, ``bench/bandwidth.py``
+-> compute time, local sparse-pipeline cost, fixed per-exchange latency, bytes per rank);
+only the link bandwidth ``B`` and, for the cluster projection, the per-step latency are
+assumed.
 
 Bytes one rank sends per iteration (ring algorithms, as ``horovod_micro.stats`` counts;
 N elements, k = d N, 4-byte indices and values, h = 3 header words per gathered block):
@@ -41,20 +42,18 @@ Iteration time, no overlap of computation and communication:
 First the model is checked against every measured configuration (n = 2, and n = 3, 4
 when ``--check`` files are given); then it projects n = 2 ... 256.
 
-    .venv/bin/python bench/model.py [--bandwidth bench/results/bandwidth.json]
+Results, and the machine they were measured on: BENCHMARKS.md, section 5.
+
+    .venv/bin/python -m bench.model [--bandwidth bench/results/bandwidth.json]
         [--check bench/results/bandwidth-n3.json bench/results/bandwidth-n4.json]
 """
 
 from __future__ import annotations
 
-import sys
+import argparse
+import json
+import math
 from pathlib import Path
-
-sys.path[0] = str(Path(__file__).resolve().parent.parent)  # bench/select.py shadows `select`
-
-import argparse  # noqa: E402
-import json  # noqa: E402
-import math  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 N = 11_173_962
@@ -211,7 +210,8 @@ def check(inp: Inputs, runs: dict[int, dict]) -> list[str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--select", type=Path, default=REPO / "bench/results/select.json")
+    ap.add_argument("--select", type=Path, default=REPO / "bench/results/selection_cost.json",
+                    help="selection_cost.py --json output")
     ap.add_argument("--bandwidth", type=Path, default=REPO / "bench/results/bandwidth.json")
     ap.add_argument("--check", type=Path, nargs="*", default=[],
                     help="bandwidth.py results with --np 3/4 (file name ...-n3/-n4.json)")

@@ -11,22 +11,22 @@ reducer's ``_accumulate`` and ``_write_back`` and the compressor's ``select`` an
 scatter/zeroing. ResNet-18 for CIFAR, batch 32, 2 Gloo ranks, rank 0 reported, medians;
 the threshold starts calibrated on a first gradient (the global count is printed).
 
-    .venv/bin/python bench/pipeline.py [--iters 8] [--np 2]
+Results, and the machine they were measured on: BENCHMARKS.md, section 4.
+
+    .venv/bin/python -m bench.pipeline [--iters 8] [--np 2]
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import sys
+import tempfile
+import time
 from pathlib import Path
 
-sys.path[0] = str(Path(__file__).resolve().parent.parent)  # bench/select.py shadows `select`
-
-import argparse  # noqa: E402
-import json  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-
-from bench.common import horovodrun_cmd, median, run_bounded  # noqa: E402
+from bench.common import median
+from bench.launch import horovodrun_cmd, run_bounded
 
 PHASES = ("accumulate", "select", "exchange", "write_back")
 
@@ -108,7 +108,8 @@ def main() -> None:
         return
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "r.json"
-        argv = [sys.executable, __file__, "--iters", str(args.iters), "--worker", str(out)]
+        argv = [sys.executable, "-m", "bench.pipeline", "--iters", str(args.iters),
+                "--worker", str(out)]
         run_bounded(horovodrun_cmd(args.np, "gloo", argv), timeout=900,
                     env={"PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
         res = json.loads(out.read_text())

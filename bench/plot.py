@@ -2,21 +2,17 @@
 
 * ``bench/figures/bandwidth.png``: per link, each method's iteration time split into the
   slower rank's compute and what the exchange adds, with the compute-only bound as a line.
-* ``bench/figures/select.png``: selection time per method and density (log scale).
+* ``bench/figures/selection_cost.png``: selection time per method and density (log scale).
 
-    .venv/bin/python bench/plot.py
+    .venv/bin/python -m bench.plot
 """
 
 from __future__ import annotations
 
-import sys
+import json
 from pathlib import Path
 
-sys.path[0] = str(Path(__file__).resolve().parent.parent)  # bench/select.py shadows `select`
-
-import json  # noqa: E402
-
-import matplotlib  # noqa: E402
+import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -46,8 +42,8 @@ def bandwidth() -> None:
     fig.savefig(FIGURES / "bandwidth.png", dpi=120)
 
 
-def select() -> None:
-    data = json.loads((RESULTS / "select.json").read_text())["median_ms"]
+def selection() -> None:
+    data = json.loads((RESULTS / "selection_cost.json").read_text())["median_ms"]
     densities = sorted({k.split("|")[0] for k in data}, reverse=True)
     labels = [k.split("|")[1] for k in data if k.startswith(densities[0] + "|")]
     fig, ax = plt.subplots(figsize=(9, 3.8))
@@ -61,11 +57,11 @@ def select() -> None:
     ax.set_ylabel("ms per selection, median, 1 thread")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(FIGURES / "select.png", dpi=120)
+    fig.savefig(FIGURES / "selection_cost.png", dpi=120)
 
 
 if __name__ == "__main__":
     FIGURES.mkdir(parents=True, exist_ok=True)
-    select()
+    selection()
     if (RESULTS / "bandwidth.json").exists():
         bandwidth()

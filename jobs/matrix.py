@@ -3,11 +3,18 @@
     python jobs/matrix.py --launcher local --data-dir /data --out-dir /runs --dry-run
 
 builds one ``python -m train`` run per (dataset, model, compressor, density, worker count)
-and either prints the commands (``--dry-run``) or runs them one after another. The three
+and either prints the commands (``--dry-run``) or runs them one after another. The
 launchers in this folder are thin wrappers around it: ``single_node.sh`` (``-H
-localhost:N``), ``multi_node.sh`` (``-H host1:8,host2:8`` or ``--hostfile``) and
-``slurm.sbatch`` (inside an allocation, with ``horovodrun`` or ``srun``). Anything after
-``--`` is appended to every training command (e.g. ``-- --epochs 1 --resume``).
+localhost:N``), ``multi_node.sh`` (``-H host1:8,host2:8`` or ``--hostfile``),
+``submit_slurm.sh`` (``--submit``: one SLURM array task per configuration) and
+``slurm.sbatch`` (one array task: configuration ``$SLURM_ARRAY_TASK_ID`` inside its
+allocation, with ``horovodrun`` or ``srun``). Anything after ``--`` is appended to every
+training command (e.g. ``-- --epochs 1 --resume``).
+
+Configurations are numbered 0..N-1 in a fixed order (``--list``, ``--count``); ``--index I``
+runs or prints configuration I only. The numbering does not depend on the hosts: with no
+``--np``, a SLURM matrix has one worker count (all slots of the allocation), so the array
+submitted from a login node and the tasks inside their allocations agree.
 
 Only the standard library is needed. Every training command is checked with the real
 parser (``train.cli.parse_args``) before anything runs, when ``train`` can be imported.
@@ -75,7 +82,7 @@ def csv(kind):
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="jobs/matrix.py",
+        prog="jobs/matrix.py", allow_abbrev=False,
         description="The MiCRO paper's experiment matrix as horovodrun commands. Arguments "
                     "after -- are appended to every `python -m train` command.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -86,7 +93,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out-dir", required=True,
                    help="root of the runs; each run writes OUT_DIR/<dataset>/<model>/"
                         "<compressor>[-d<density>]/np<N>")
-    p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the commands (with --submit: the sbatch command), run nothing")
+    p.add_argument("--index", type=int, default=None, metavar="I",
+                   help="only configuration I (0-based, see --list); inside a SLURM array "
+                        "task slurm.sbatch passes $SLURM_ARRAY_TASK_ID")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--count", action="store_true",
+                      help="print the number of configurations and exit")
+    mode.add_argument("--list", action="store_true",
+                      help="print 'INDEX NAME' for every configuration and exit (npALL: "
+                           "all slots of an allocation not known yet)")
+    mode.add_argument("--submit", action="store_true",
+                      help="slurm: sbatch --array=0-(N-1) jobs/slurm.sbatch with these "
+                           "options, one array task per configuration")
+    p.add_argument("--sbatch-args", default="",
+                   help="with --submit: extra sbatch options, one string, e.g. "
+                        "\"--nodes=4 --partition=gpu\" (a single one: --sbatch-args=--qos=x)")
+    p.add_argument("--max-parallel", type=int, default=None, metavar="M",
+                   help="with --submit: at most M array tasks at once (--array=0-(N-1)%%M)")
     p.add_argument("--models", type=csv(str), default=list(PAPER_MODELS))
     p.add_argument("--datasets", type=csv(str), default=list(PAPER_DATASETS))
     p.add_argument("--compressors", type=csv(str), default=list(PAPER_COMPRESSORS))
@@ -161,15 +186,16 @@ def train_args(dataset: str, model: str, compressor: str, density: float | None,
     return args + ["--out", out] + extra
 
 
-def matrix(opts, extra: list[str]) -> list[tuple[str, list[str], int]]:
-    """(name, training args without the launcher, np) for every cell of the matrix."""
+def matrix(opts, extra: list[str]) -> list[tuple[str, list[str], int | None]]:
+    """(name, training args without the launcher, np) for every cell of the matrix, in the
+    order that numbers them (``--index``). ``np`` None: all slots, not known here."""
     runs = []
     for dataset, model, compressor in itertools.product(opts.datasets, opts.models,
                                                         opts.compressors):
         densities = [None] if compressor in DENSE else opts.densities
         for density, np in itertools.product(densities, opts.np):
             method = compressor if density is None else f"{compressor}-d{density:g}"
-            name = f"{dataset}/{model}/{method}/np{np}"
+            name = f"{dataset}/{model}/{method}/np{np or 'ALL'}"
             out = str(Path(opts.out_dir) / name)
             runs.append((name, train_args(dataset, model, compressor, density,
                                           opts.data_dir, out, extra), np))
@@ -202,8 +228,12 @@ def network_env(opts) -> dict[str, str]:
     return env
 
 
-def build_runs(opts, extra: list[str]) -> list[Run]:
+def build_runs(opts, extra: list[str], need_slots: bool = True) -> list[Run]:
+    """Every configuration as a :class:`Run`. ``need_slots=False`` (counting, listing,
+    submitting a SLURM array from outside an allocation): a slurm matrix whose slots are not
+    known yet gets runs without a launch command (``np`` None when no ``--np``)."""
     hosts, total = None, None
+    unknown = False
     if opts.launcher == "local":
         if opts.hosts or opts.hostfile:
             raise SystemExit("--hosts/--hostfile need --launcher hosts or slurm")
@@ -216,7 +246,11 @@ def build_runs(opts, extra: list[str]) -> list[Run]:
     elif opts.launcher == "slurm" and opts.slurm_launch == "srun":
         total = int(os.environ.get("SLURM_NTASKS", "0")) or None
         if not (opts.np or total):
-            raise SystemExit("no --np and no SLURM_NTASKS: run inside an allocation")
+            if need_slots:
+                raise SystemExit("no --np and no SLURM_NTASKS: run inside an allocation")
+            unknown = True
+    elif opts.launcher == "slurm" and not need_slots:
+        unknown = True  # horovodrun's -H comes from the allocation, in slurm.sbatch
     else:
         raise SystemExit(f"--launcher {opts.launcher} needs --hosts or --hostfile")
     opts.np = opts.np or [total]
@@ -225,7 +259,7 @@ def build_runs(opts, extra: list[str]) -> list[Run]:
     env = network_env(opts)
     runs = []
     for name, args, np in matrix(opts, extra):
-        launch = launch_prefix(opts, np, hosts) + [opts.python, "-m", "train"]
+        launch = [] if unknown else launch_prefix(opts, np, hosts) + [opts.python, "-m", "train"]
         runs.append(Run(name=name, np=np, train_args=args, env=env, launch=launch))
     return runs
 
@@ -253,19 +287,73 @@ def split_extra(argv: list[str]) -> tuple[list[str], list[str]]:
     return argv, []
 
 
+def forwarded_options(own: list[str]) -> list[str]:
+    """``own`` without the options that only concern the submission (what the array tasks
+    get: the matrix's options, in the order given)."""
+    submission = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    for flag in ("--submit", "--dry-run"):
+        submission.add_argument(flag, action="store_true")
+    for option in ("--launcher", "--index", "--sbatch-args", "--max-parallel"):
+        submission.add_argument(option)
+    return submission.parse_known_args(own)[1]
+
+
+def submit(opts, own: list[str], extra: list[str], count: int) -> int:
+    """``sbatch --array=0-(N-1) jobs/slurm.sbatch OPTIONS``: one array task per
+    configuration, each in its own allocation; a failed task does not stop the others."""
+    array = str(opts.index) if opts.index is not None else f"0-{count - 1}"
+    if opts.max_parallel:
+        array += f"%{opts.max_parallel}"
+    script = REPO / "jobs" / "slurm.sbatch"
+    cmd = ["sbatch", f"--array={array}", *shlex.split(opts.sbatch_args), str(script),
+           *forwarded_options(own), *(["--", *extra] if extra else [])]
+    # sbatch runs a copy of slurm.sbatch; HVM_REPO (exported to the tasks) finds matrix.py.
+    job = Run(name="submit", np=0, train_args=[], launch=cmd,
+              env={"HVM_REPO": os.environ.get("HVM_REPO") or str(REPO)})
+    if opts.dry_run:
+        print(job.shell())
+        return 0
+    print(f"[jobs] {count if opts.index is None else 1} array task(s): {job.shell()}",
+          flush=True)
+    return subprocess.call(job.argv, env={**os.environ, **job.env})
+
+
 def main(argv: list[str] | None = None) -> int:
     own, extra = split_extra(list(sys.argv[1:] if argv is None else argv))
-    opts = build_parser().parse_args(own)
-    runs = build_runs(opts, extra)
+    parser = build_parser()
+    opts = parser.parse_args(own)
+    if opts.submit and opts.launcher != "slurm":
+        parser.error("--submit needs --launcher slurm")
+    if opts.index is not None and (opts.count or opts.list):
+        parser.error("--index selects one configuration; --count and --list describe all")
+    runs = build_runs(opts, extra, need_slots=not (opts.count or opts.list or opts.submit))
+    if opts.index is not None and not 0 <= opts.index < len(runs):
+        raise SystemExit(f"--index {opts.index}: the matrix has {len(runs)} configurations "
+                         f"(0..{len(runs) - 1})")
     if not opts.no_check:
         check(runs)
+    if opts.count:
+        print(len(runs))
+        return 0
+    if opts.list:
+        for i, run in enumerate(runs):
+            print(f"{i} {run.name}")
+        return 0
+    if opts.submit:
+        return submit(opts, own, extra, len(runs))
+    selected = list(enumerate(runs)) if opts.index is None else [(opts.index, runs[opts.index])]
     if opts.dry_run:
-        for run in runs:
+        for _, run in selected:
             print(run.shell())
         return 0
+    if opts.launcher == "slurm" and opts.index is None:
+        raise SystemExit("one configuration per SLURM array task: submit the matrix with "
+                         "jobs/submit_slurm.sh (sbatch --array=0-(N-1)), or pass --index I "
+                         "(jobs/matrix.py --list numbers them)")
     failed = []
-    for i, run in enumerate(runs, 1):
-        print(f"[jobs] {i}/{len(runs)} {run.name}\n[jobs] $ {run.shell()}", flush=True)
+    for i, run in selected:
+        print(f"[jobs] {i + 1}/{len(runs)} (index {i}) {run.name}\n[jobs] $ {run.shell()}",
+              flush=True)
         start = time.time()
         rc = subprocess.call(run.argv, env={**os.environ, **run.env})
         print(f"[jobs] {run.name}: exit {rc} after {time.time() - start:.0f} s", flush=True)

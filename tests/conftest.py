@@ -1,11 +1,5 @@
-import sys
-from pathlib import Path
-
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from multirank import run_ranks  # noqa: E402
+from multirank import run_ranks
 
 
 @pytest.fixture(params=["gloo", "mpi"])

@@ -14,32 +14,30 @@ all methods side by side in one run, interleaved, repeated, medians reported:
 * ``threshold native`` / ``threshold torch``: a full-vector hard threshold (Sahu et al.)
   with the same native kernel and with ``nonzero(|g| >= t)``.
 
-The gradient (44.7 MB) exceeds the 32 MB L3 here; before every timed call a 64 MB buffer is
-read so each call starts from a cold cache, as after a backward pass over a large model
-(``--warm`` skips that). ``torch.set_num_threads(1)``: one core, as one rank of two here.
+Before every timed call a 64 MB buffer is read so that each call starts from a cold cache,
+as after a backward pass over a model larger than the cache (``--warm`` skips that).
+``torch.set_num_threads(1)``: one core, as one rank would have.
 
-    .venv/bin/python bench/select.py [--reps 11] [--quick] [--json bench/results/select.json]
+Results, and the machine they were measured on (cache sizes included): BENCHMARKS.md,
+section 1 and "Machine and caveats".
+
+    .venv/bin/python -m bench.selection_cost [--reps 11] [--quick] [--warm]
+        [--json bench/results/selection_cost.json]
 """
 
 from __future__ import annotations
 
-import sys
+import argparse
+import json
+import platform
+import subprocess
 from pathlib import Path
 
-# Run as a script, this file's folder leads sys.path and the file itself would shadow the
-# standard library's ``select`` module: put the repository root there instead.
-sys.path[0] = str(Path(__file__).resolve().parent.parent)
+import torch
 
-import argparse  # noqa: E402
-import json  # noqa: E402
-import platform  # noqa: E402
-import subprocess  # noqa: E402
-
-import torch  # noqa: E402
-
-from bench.common import median, real_gradient, timed  # noqa: E402
-from horovod_micro.partition import part_bounds  # noqa: E402
-from horovod_micro.selection import ThresholdSelector, native_available  # noqa: E402
+from bench.common import median, real_gradient, timed
+from horovod_micro.partition import part_bounds
+from horovod_micro.selection import ThresholdSelector, native_available
 
 PARTS = (2, 4, 8, 16)
 DENSITIES = (0.01, 0.001)
@@ -77,7 +75,7 @@ def main() -> None:
     else:
         g, source = real_gradient()
     N = g.numel()
-    flush_buf = torch.ones(16 * 1024 * 1024)  # 64 MB > L3
+    flush_buf = torch.ones(16 * 1024 * 1024)  # 64 MB: evicts the gradient from L2/L3
 
     def flush():
         if not args.warm:
