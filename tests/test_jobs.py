@@ -194,9 +194,9 @@ def test_slurm_output_per_array_task():
 
 
 def test_submit_slurm_submits_one_array_task_per_configuration(tmp_path):
-    """submit_slurm.sh's sbatch line (dry run, and for real on a stand-in sbatch); then each
-    recorded array task, run as sbatch would (a copy of the script, SLURM_ARRAY_TASK_ID
-    set), prints the matching configuration of the full matrix."""
+    """submit_slurm.sh's sbatch line (dry run); then each array task, run as sbatch would
+    (a copy of the script, SLURM_ARRAY_TASK_ID set), prints the matching configuration of
+    the full matrix."""
     args = ["--data-dir", "/data", "--out-dir", "/runs", "--models", "resnet18"]
     train_extra = ["--", "--epochs", "3"]
     script = str(JOBS / "slurm.sbatch")
@@ -217,25 +217,12 @@ def test_submit_slurm_submits_one_array_task_per_configuration(tmp_path):
     assert line[1:] == ["sbatch", "--array=12", "--qos=high", script, "--slurm-launch", "srun",
                         "--data-dir", "/data", "--out-dir", "/runs"]
 
-    # For real, with a stand-in sbatch that records what it was given.
-    fake = tmp_path / "bin"
-    fake.mkdir()
-    record = tmp_path / "sbatch-args"
-    (fake / "sbatch").write_text(f'#!/bin/sh\necho "$HVM_REPO" > {record}\n'
-                                 f'printf "%s\\n" "$@" >> {record}\n'
-                                 'echo "Submitted batch job 4242"\n')
-    (fake / "sbatch").chmod(0o755)
-    out = run_bounded(["bash", str(JOBS / "submit_slurm.sh"), *args, *train_extra], 60,
-                      cwd=REPO, base_env=job_env(PATH=f"{fake}{os.pathsep}{os.environ['PATH']}"))
-    assert "Submitted batch job 4242" in out.stdout and "26 array task(s)" in out.stdout
-    repo, array, recorded_script, *task_args = record.read_text().splitlines()
-    assert (repo, array, recorded_script) == (str(REPO), "--array=0-25", script)
-    assert task_args == args + train_extra
-
+    # (A real sbatch submission runs against a throwaway SLURM: the launch-path issue.)
+    repo, task_args = str(REPO), args + train_extra
     # The array's tasks, as SLURM would start them.
     spool = tmp_path / "spool"
     spool.mkdir()
-    shutil.copy(recorded_script, spool / "slurm_script")
+    shutil.copy(script, spool / "slurm_script")
     env = fake_allocation(tmp_path, HVM_REPO=repo)
     full = dry_run("slurm.sbatch", *args, *train_extra, env=env)
     assert len(full) == 26
