@@ -38,7 +38,6 @@ from bench.common import mean, median
 from bench.launch import horovodrun_cmd, run_bounded
 
 REPO = Path(__file__).resolve().parent.parent
-SPARSE = ("micro", "topk", "threshold", "cltk", "randomk", "gtopk")
 DEFAULT_METHODS = ("compute", "none", "fp16", "micro", "topk", "threshold", "cltk")
 
 
@@ -79,10 +78,12 @@ def worker(args) -> None:
         model.zero_grad()
         return float(hvd.broadcast(t, root_rank=0, name=f"calib.{density}"))
 
+    from horovod_micro.sparsifiers.registry import names
+
     configs, skipped = [], []
     for method in args.methods:
-        densities = args.densities if method in SPARSE else [None]
-        if method in SPARSE and not hasattr(hvm.Compression, method):
+        densities = args.densities if method in names() else [None]
+        if method not in names() and method not in ("compute", "none", "fp16"):
             skipped.append(method)
             continue
         for d in densities:

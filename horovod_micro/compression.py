@@ -20,17 +20,14 @@ blocked in a collective.
 
 from __future__ import annotations
 
+import functools
+
 import horovod.torch as hvd
 from horovod.torch.compression import Compressor as HorovodCompressor
 from horovod.torch.compression import FP16Compressor, NoneCompressor
 
+from .sparsifiers import registry
 from .sparsifiers.base import Sparsifier
-from .sparsifiers.cltk import CltkCompressor
-from .sparsifiers.gtopk import GtopkCompressor
-from .sparsifiers.micro import MicroCompressor
-from .sparsifiers.randomk import RandomkCompressor
-from .sparsifiers.threshold import HardThresholdCompressor
-from .sparsifiers.topk import TopkCompressor
 
 
 def _multi_rank_job() -> bool:
@@ -53,62 +50,41 @@ def is_dense_compressor(compression) -> bool:
         isinstance(compression, HorovodCompressor))
 
 
-class Compression:
-    """Factory of compressors, mirroring ``hvd.Compression``."""
+def factory(cls: type[Sparsifier]):
+    """``cls``'s constructor, with the argument check of this module's docstring; it keeps
+    ``cls``'s signature and docstring (``help(hvm.Compression.micro)``)."""
+    @functools.wraps(cls)
+    def make(*args, **kwargs) -> Sparsifier:
+        return _checked(cls(*args, **kwargs))
+    return make
+
+
+class _Registered(type):
+    """Resolves ``Compression.<name>`` to the factory of the registered method ``name``."""
+
+    def __getattr__(cls, name: str):
+        methods = registry.methods()
+        if name in methods:
+            return factory(methods[name])
+        raise AttributeError(f"Compression has no {name!r}; compressors: "
+                             f"{', '.join(registry.compressor_names())}")
+
+    def __dir__(cls):
+        return sorted(set(super().__dir__()) | set(registry.names()))
+
+
+class Compression(metaclass=_Registered):
+    """Factory of compressors, mirroring ``hvd.Compression``.
+
+    ``Compression.none``/``fp16`` are Horovod's own; every sparse method registered in
+    :mod:`horovod_micro.sparsifiers.registry` is ``Compression.<name>(...)``, taking its
+    class's arguments: ``micro(density, initial_threshold=None)``, ``topk(density)``,
+    ``cltk(density)``, ``threshold(value=None, density=None)``, ``randomk(density,
+    seed=0)``, ``gtopk(density)``, each also with ``error_feedback`` and ``fp16_values``.
+    """
 
     none = NoneCompressor
     """Dense allreduce, no compression (Horovod's ``hvd.Compression.none``)."""
 
     fp16 = FP16Compressor
     """Dense allreduce with float16 on the wire (Horovod's ``hvd.Compression.fp16``)."""
-
-    @staticmethod
-    def micro(density: float = 0.001, *, initial_threshold: float | None = None,
-              error_feedback: bool = True, fp16_values: bool = False) -> MicroCompressor:
-        """MiCRO (Yoon & Oh, HiPC 2023): partitioned exclusive selection with a steered
-        threshold. See :class:`~horovod_micro.sparsifiers.micro.MicroCompressor`."""
-        return _checked(MicroCompressor(density, initial_threshold=initial_threshold,
-                                        error_feedback=error_feedback,
-                                        fp16_values=fp16_values))
-
-    @staticmethod
-    def topk(density: float = 0.001, *, error_feedback: bool = True,
-             fp16_values: bool = False) -> TopkCompressor:
-        """Top-k: each rank sends its own k largest pairs, allgathered (O(k n) traffic; the
-        union can reach n k). See :mod:`horovod_micro.sparsifiers.topk`."""
-        return _checked(TopkCompressor(density, error_feedback=error_feedback,
-                                       fp16_values=fp16_values))
-
-    @staticmethod
-    def cltk(density: float = 0.001, *, error_feedback: bool = True,
-             fp16_values: bool = False) -> CltkCompressor:
-        """Cyclic local top-k (ScaleCom, NeurIPS 2020): a rotating leader's top-k indices,
-        everyone's values allreduced. See :mod:`horovod_micro.sparsifiers.cltk`."""
-        return _checked(CltkCompressor(density, error_feedback=error_feedback,
-                                       fp16_values=fp16_values))
-
-    @staticmethod
-    def threshold(value: float | None = None, density: float | None = None, *,
-                  error_feedback: bool = True,
-                  fp16_values: bool = False) -> HardThresholdCompressor:
-        """Hard threshold (Sahu et al., NeurIPS 2021): send ``|a| >= value``; or, with
-        ``density``, ``value = 1 / (2 sqrt(floor(density N)))``. Give exactly one.
-        See :mod:`horovod_micro.sparsifiers.threshold`."""
-        return _checked(HardThresholdCompressor(value, density, error_feedback=error_feedback,
-                                                fp16_values=fp16_values))
-
-    @staticmethod
-    def randomk(density: float = 0.001, seed: int = 0, *, error_feedback: bool = True,
-                fp16_values: bool = False) -> RandomkCompressor:
-        """Random-k: k coordinates from a seed shared by all ranks (from ``seed`` and the
-        iteration), values allreduced. See :mod:`horovod_micro.sparsifiers.randomk`."""
-        return _checked(RandomkCompressor(density, seed=seed, error_feedback=error_feedback,
-                                          fp16_values=fp16_values))
-
-    @staticmethod
-    def gtopk(density: float = 0.001, *, error_feedback: bool = True,
-              fp16_values: bool = False) -> GtopkCompressor:
-        """gTop-k (Shi et al., ICDCS 2019): tree merge of the ranks' top-k sets and tree
-        broadcast, O(k log n) traffic. See :mod:`horovod_micro.sparsifiers.gtopk`."""
-        return _checked(GtopkCompressor(density, error_feedback=error_feedback,
-                                        fp16_values=fp16_values))

@@ -268,16 +268,16 @@ def check(runs: list[Run]) -> None:
     """Parse every run's training arguments with the real parser (exits on an error)."""
     sys.path.insert(0, str(REPO))
     try:
-        from train.cli import KNOWN_COMPRESSORS, parse_args
+        from train.cli import compressor_names, parse_args
     except ImportError:
         print("note: train is not importable here; training arguments not checked",
               file=sys.stderr)
         return
     for run in runs:
         args = parse_args(run.train_args)
-        if args.compressor not in KNOWN_COMPRESSORS:
+        if args.compressor not in compressor_names():
             raise SystemExit(f"{run.name}: unknown compressor {args.compressor!r}; choose "
-                             f"from {', '.join(KNOWN_COMPRESSORS)}")
+                             f"from {', '.join(compressor_names())}")
 
 
 def split_extra(argv: list[str]) -> tuple[list[str], list[str]]:

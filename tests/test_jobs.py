@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from bench.launch import LaunchError, horovodrun_cmd, run_bounded
-from train.cli import KNOWN_COMPRESSORS, parse_args
+from train.cli import compressor_names, parse_args
 
 REPO = Path(__file__).resolve().parent.parent
 JOBS = REPO / "jobs"
@@ -87,7 +87,7 @@ def check_matrix(commands: list[list[str]], data_dir: str, out_dir: str) -> list
     for argv in commands:
         env, launch, train_argv = split_command(list(argv))
         args = parse_args(train_argv)
-        assert args.model in MODELS and args.compressor in KNOWN_COMPRESSORS, train_argv
+        assert args.model in MODELS and args.compressor in compressor_names(), train_argv
         assert args.data_dir == data_dir
         assert Path(args.out).is_relative_to(out_dir)
         parsed.append((env, launch, args))

@@ -11,13 +11,14 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
+from horovod_micro.sparsifiers.registry import compressor_names
+
 
 class TrainError(RuntimeError):
     """A problem with the user's input or files (missing data, unknown compressor, bad
     checkpoint): ``python -m train`` prints it without a traceback and exits with 2."""
 
 
-KNOWN_COMPRESSORS = ("micro", "topk", "cltk", "threshold", "randomk", "gtopk", "none", "fp16")
 DATASETS = ("digits", "cifar10", "cifar100", "synthetic")
 
 #: Per-dataset defaults of the flags whose argparse default is ``None``.
@@ -58,8 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="training samples of the synthetic dataset")
 
     g = p.add_argument_group("compression")
-    g.add_argument("--compressor", default="micro",
-                   help="hvm.Compression attribute: " + "|".join(KNOWN_COMPRESSORS))
+    g.add_argument("--compressor", default="micro", choices=compressor_names(),
+                   metavar="NAME",
+                   help="hvm.Compression attribute: " + "|".join(compressor_names()))
     g.add_argument("--density", type=float, default=None,
                    help="target density of sparse compressors (default: by dataset)")
 

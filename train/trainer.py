@@ -25,7 +25,7 @@ from torch.nn import functional as F  # noqa: N812
 import horovod_micro as hvm
 
 from . import checkpoint
-from .cli import TrainError, parse_args
+from .cli import TrainError, compressor_names, parse_args
 from .data import Datasets, build_datasets, eval_loader, train_loader
 from .models import build_model
 from .progress import Progress
@@ -45,9 +45,9 @@ def build_compression(name: str, density: float):
     ``density``. Unknown names list what this horovod_micro offers."""
     factory = getattr(hvm.Compression, name, None)
     if factory is None or name.startswith("_"):
-        available = sorted(n for n in vars(hvm.Compression) if not n.startswith("_"))
-        raise UnknownCompressorError(f"--compressor {name}: this horovod_micro has no "
-                         f"Compression.{name} (available: {', '.join(available)})")
+        raise UnknownCompressorError(
+            f"--compressor {name}: this horovod_micro has no Compression.{name} "
+            f"(available: {', '.join(compressor_names())})")
     if isinstance(factory, type) and issubclass(factory, HorovodCompressor):
         return factory
     if "density" in inspect.signature(factory).parameters:

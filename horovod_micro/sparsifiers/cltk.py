@@ -26,9 +26,11 @@ import torch
 from ..exchange import Traffic, allreduce_values, gather_indices
 from ..selection import index_dtype
 from .base import Reduced, Reduction, Sparsifier
+from .registry import register
 from .topk import topk_indices
 
 
+@register
 class CltkCompressor(Sparsifier):
     """Cyclic local top-k (see the module docstring).
 

@@ -43,6 +43,7 @@ import torch
 from ..exchange import SelectedCounts, Traffic, alltoall_tensor, gather_indices
 from ..selection import index_dtype
 from .base import Reduced, Reduction, Sparsifier
+from .registry import register
 from .topk import topk_indices
 
 
@@ -81,6 +82,7 @@ def _unpack_bits(packed: torch.Tensor, count: int) -> torch.Tensor:
     return ((packed.view(-1, 1) >> shifts) & 1).view(-1)[:count].bool()
 
 
+@register
 class GtopkCompressor(Sparsifier):
     """gTop-k sparsification (see the module docstring).
 

@@ -27,8 +27,10 @@ from ..partition import owned_part, part_bounds
 from ..selection import ThresholdSelector
 from ..threshold import DensityController
 from .base import Reduced, Reduction, Sparsifier
+from .registry import register
 
 
+@register
 class MicroCompressor(Sparsifier):
     """MiCRO sparsification (see the module docstring).
 

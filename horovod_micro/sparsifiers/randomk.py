@@ -35,6 +35,7 @@ from ..exchange import (
 )
 from ..selection import index_dtype
 from .base import Reduced, Reduction, Sparsifier
+from .registry import register
 
 _MIX_SEED = 0x9E3779B97F4A7C15
 _MIX_ITERATION = 0xBF58476D1CE4E5B9
@@ -62,6 +63,7 @@ def _checksum(indices: torch.Tensor) -> int:
     return int(indices.sum()) % (2**31 - 1)
 
 
+@register
 class RandomkCompressor(Sparsifier):
     """Random-k with a shared seed (see the module docstring).
 

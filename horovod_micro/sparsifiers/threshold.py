@@ -29,9 +29,11 @@ from ..exchange import Traffic
 from ..selection import ThresholdSelector
 from ..threshold import initial_threshold
 from .base import Reduced, Reduction, Sparsifier
+from .registry import register
 from .topk import exchange_pairs
 
 
+@register
 class HardThresholdCompressor(Sparsifier):
     """Hard-threshold sparsification (see the module docstring).
 

@@ -28,6 +28,7 @@ import torch
 from ..exchange import Traffic, allgather_values, gather_indices
 from ..selection import index_dtype
 from .base import Reduced, Reduction, Sparsifier
+from .registry import register
 
 
 def topk_indices(acc: torch.Tensor, k: int) -> torch.Tensor:
@@ -61,6 +62,7 @@ def exchange_pairs(sparsifier: Sparsifier, acc: torch.Tensor, indices: torch.Ten
     return Reduced(union, reduction.finish_sum(summed, comm.size), own, gathered, threshold)
 
 
+@register
 class TopkCompressor(Sparsifier):
     """Top-k sparsification (see the module docstring).
 

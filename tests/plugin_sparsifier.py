@@ -1,0 +1,45 @@
+"""A sparse method that lives outside horovod_micro: the registry's test fixture.
+
+Cyclic block: at iteration ``t`` every rank sends its values at the ``k`` coordinates
+``(t k + j) mod N``, ``j < k``, and one allreduce sums them (Random-k's exchange with a
+deterministic, contiguous choice). Registered by importing this module, which
+``HOROVOD_MICRO_PLUGINS=plugin_sparsifier`` makes every process do; nothing else in the
+repository names it (tests/test_registry.py checks that it still runs through the
+optimizer, the train CLI's parser and the job matrix).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from horovod_micro.exchange import SelectedCounts, allreduce_values, gather_indices
+from horovod_micro.selection import index_dtype
+from horovod_micro.sparsifiers.base import Reduced, Sparsifier
+from horovod_micro.sparsifiers.registry import register
+
+
+def block(numel: int, k: int, iteration: int) -> torch.Tensor:
+    """The coordinates of ``iteration`` (int64, in order of the block)."""
+    return (torch.arange(k) + iteration * k) % numel
+
+
+@register
+class CyclicBlockCompressor(Sparsifier):
+    """Every rank's values at a block of ``k = floor(density N)`` coordinates that moves
+    by ``k`` each iteration."""
+
+    name = "cyclicblock"
+
+    def select(self, acc: torch.Tensor, iteration: int) -> torch.Tensor:
+        chosen = block(self.numel, self.target_count, iteration)
+        return chosen.to(device=acc.device, dtype=index_dtype(self.numel))
+
+    def exchange(self, acc, indices, status, iteration, reduction, traffic) -> Reduced:
+        gathered = gather_indices(self.comm, indices[:0], status, traffic)
+        gathered.raise_errors()
+        chosen = indices.long()
+        values = allreduce_values(self.comm, self.wire(acc.index_select(0, chosen)), traffic,
+                                  reduction.op, reduction.prescale, reduction.postscale)
+        counts = SelectedCounts(gathered.per_rank, gathered.statuses, gathered.aux,
+                                selected=[chosen.numel()] * self.comm.size)
+        return Reduced(chosen, values.to(acc.dtype), chosen, counts)

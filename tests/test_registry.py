@@ -1,0 +1,78 @@
+"""One registry is the single list of methods: a method added in one file (the fixture
+tests/plugin_sparsifier.py, found through HOROVOD_MICRO_PLUGINS) runs through the
+optimizer on real ranks, the train CLI's parser and the job matrix's dry run, and every
+built-in method has an independent simulation in the tests."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from multirank import run_ranks
+from simulation import rank_gradient
+from test_baselines import ALL_METHODS
+
+from horovod_micro.sparsifiers import registry
+
+REPO = Path(__file__).resolve().parent.parent
+PLUGIN_ENV = {"HOROVOD_MICRO_PLUGINS": "plugin_sparsifier",
+              "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), str(REPO)])}
+
+
+def test_every_builtin_method_is_registered_and_simulated():
+    simulated = {spec["method"] for spec in ALL_METHODS} | {"micro"}
+    assert set(registry.names()) == simulated
+    assert "cyclicblock" not in registry.names()  # only where the plugin is imported
+
+
+def simulate_cyclic_block(n, numel, steps, density):
+    """n workers with error feedback, written from the fixture's definition."""
+    k = int(density * numel)
+    residuals = [torch.zeros(numel) for _ in range(n)]
+    out = []
+    for t in range(steps):
+        chosen = (torch.arange(k) + t * k) % numel
+        for r in range(n):
+            residuals[r] += rank_gradient(r, t, numel, seed=4)
+        grad = torch.zeros(numel)
+        grad[chosen] = sum(res[chosen] for res in residuals) / n
+        for res in residuals:
+            res[chosen] = 0.0
+        out.append(grad)
+    return out
+
+
+def test_plugin_method_runs_through_the_optimizer():
+    numel, steps, density = 300, 4, 0.1
+    results = run_ranks("ranks_registry:plugin_steps", np=2, env=PLUGIN_ENV,
+                        kwargs={"numel": numel, "steps": steps, "density": density})
+    expected = simulate_cyclic_block(2, numel, steps, density)
+    for r in results:
+        assert r.value["method"] == "cyclicblock"
+        for got, want in zip(r.value["grads"], expected):
+            torch.testing.assert_close(torch.tensor(got), want)
+
+
+def _python(code_or_args: list[str], plugin: bool) -> subprocess.CompletedProcess:
+    env = {**os.environ, **(PLUGIN_ENV if plugin else {})}
+    if not plugin:
+        env.pop("HOROVOD_MICRO_PLUGINS", None)
+    return subprocess.run([sys.executable, *code_or_args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_plugin_method_reaches_the_train_parser_and_the_job_matrix():
+    parse = ["-c", "from train.cli import parse_args; "
+             "print(parse_args(['--compressor', 'cyclicblock', '--density', '0.01']).compressor)"]
+    assert _python(parse, plugin=True).stdout.strip() == "cyclicblock"
+    refused = _python(parse, plugin=False)
+    assert refused.returncode == 2 and "invalid choice: 'cyclicblock'" in refused.stderr
+
+    matrix = ["jobs/matrix.py", "--dry-run", "--data-dir", "/data", "--out-dir", "/runs",
+              "--compressors", "cyclicblock", "--densities", "0.01", "--models", "resnet18",
+              "--datasets", "cifar10", "--np", "2"]
+    done = _python(matrix, plugin=True)
+    assert done.returncode == 0, done.stderr
+    assert "--compressor cyclicblock --density 0.01" in done.stdout
+    assert _python(matrix, plugin=False).returncode != 0
