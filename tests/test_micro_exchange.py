@@ -5,7 +5,7 @@ import torch
 from multirank import run_ranks
 from simulation import contiguous_parts, rank_gradient, simulate_micro
 
-from horovod_micro.threshold import DensityController
+from horovod_micro.density_controller import DensityController
 
 
 def _check_against_simulation(results, n, numel, iterations, seed, skew, average=True,

@@ -14,7 +14,7 @@ Per iteration ``t`` on rank ``r`` of ``n``:
    every selected coordinate carries the full n-rank sum, chosen by its part's owner.
    Traffic per rank is O(k), independent of ``n``.
 4. Every rank zeroes its residual at the union (it sent its value there).
-5. The threshold is steered from the global count (:mod:`horovod_micro.threshold`), which
+5. The threshold is steered from the global count (:mod:`horovod_micro.density_controller`), which
    every rank knows after step 2, so all thresholds stay identical with no extra message.
 """
 
@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import torch
 
+from ..density_controller import DensityController
 from ..exchange import Traffic, allreduce_values, gather_indices
 from ..partition import owned_part, part_bounds
 from ..selection import ThresholdSelector
-from ..threshold import DensityController
 from .base import Reduced, Reduction, Sparsifier
 from .registry import register
 

@@ -25,9 +25,9 @@ import math
 
 import torch
 
+from ..density_controller import initial_threshold
 from ..exchange import Traffic
 from ..selection import ThresholdSelector
-from ..threshold import initial_threshold
 from .base import Reduced, Reduction, Sparsifier
 from .registry import register
 from .topk import exchange_pairs
