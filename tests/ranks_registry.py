@@ -24,3 +24,21 @@ def plugin_steps(numel, steps, density):
         grads.append(param.grad.tolist())
         opt.zero_grad()
     return {"grads": grads, "method": opt.last_stats.method}
+
+
+def compress_decompress(numel):
+    """Horovod's Compressor shape on sparsifiers: ``compress`` selects locally (no
+    communication), ``decompress`` scatters back into the tensor's shape."""
+    from horovod_micro.exchange import Comm
+
+    x = torch.randn(numel, generator=torch.Generator().manual_seed(hvd.rank())).view(-1, 10)
+    out = {"x": x.tolist()}
+    for name, kwargs in [("topk", {"density": 0.1}), ("micro", {"density": 0.1}),
+                         ("randomk", {"density": 0.1, "seed": 3})]:
+        sparsifier = getattr(hvm.Compression, name)(**kwargs)
+        sparsifier.bind(numel, Comm(prefix=f"compress.{name}"))
+        sparse, ctx = sparsifier.compress(x, iteration=1)
+        dense = sparsifier.decompress(sparse, ctx)
+        out[name] = {"indices": sparse.indices.tolist(), "values": sparse.values.tolist(),
+                     "dense": dense.tolist(), "threshold": sparsifier.threshold()}
+    return out

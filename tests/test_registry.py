@@ -76,3 +76,26 @@ def test_plugin_method_reaches_the_train_parser_and_the_job_matrix():
     assert done.returncode == 0, done.stderr
     assert "--compressor cyclicblock --density 0.01" in done.stdout
     assert _python(matrix, plugin=False).returncode != 0
+
+
+def test_sparsifier_compress_and_decompress():
+    numel, n = 200, 2
+    results = run_ranks("ranks_registry:compress_decompress", np=n, kwargs={"numel": numel})
+    for r in results:
+        x = torch.tensor(r.value["x"])
+        flat = x.reshape(-1)
+        for name, got in ((k, r.value[k]) for k in ("topk", "micro", "randomk")):
+            idx = torch.tensor(got["indices"], dtype=torch.long)
+            torch.testing.assert_close(torch.tensor(got["values"]), flat[idx])
+            expected = torch.zeros(numel)
+            expected[idx] = flat[idx]
+            torch.testing.assert_close(torch.tensor(got["dense"]), expected.view_as(x))
+            if name == "topk":  # the 20 largest magnitudes
+                assert set(idx.tolist()) == set(flat.abs().topk(20).indices.tolist())
+            if name == "micro":  # |x| >= threshold in the part rank r owns at iteration 1
+                part = (1 + r.rank) % n
+                lo, hi = part * numel // n, (part + 1) * numel // n
+                want = [i for i in range(lo, hi) if abs(flat[i]) >= got["threshold"]]
+                assert sorted(idx.tolist()) == want and want
+        # Random-k: the same coordinates on every rank (shared seed).
+        assert r.value["randomk"]["indices"] == results[0].value["randomk"]["indices"]
