@@ -447,11 +447,17 @@ def process_sets(modes, density):
     """Even and odd ranks form two process sets. Per mode, three models and optimizers,
     all built on every rank: one over the even set (Horovod's case), one over the odd set,
     and one over the rank's own set (two optimizers on disjoint sets exchanging at the
-    same time). A rank outside an optimizer's set steps on its own gradient."""
+    same time). On 3 ranks also one over {0, 1}, which overlaps the even set {0, 2}. A
+    rank outside an optimizer's set steps on its own gradient."""
     rank, size = hvd.rank(), hvd.size()
     even = hvd.add_process_set(list(range(0, size, 2)))
     odd = hvd.add_process_set(list(range(1, size, 2)))
-    sets = {"even": even, "odd": odd, "own": even if rank % 2 == 0 else odd}
+    sets = {"even": even}
+    if size == 3:
+        # Right after the even set's optimizer, which rank 1 is not in: its collectives
+        # must still match rank 0's.
+        sets["low"] = hvd.add_process_set([0, 1])
+    sets.update({"odd": odd, "own": even if rank % 2 == 0 else odd})
     out = {}
     for mode in modes:
         out[mode] = {}
@@ -468,8 +474,9 @@ def process_sets(modes, density):
                                 "everyone": hvd.allgather(params.reshape(1, -1),
                                                           name=f"ps.{mode}.{label}").tolist()}
     hvd.barrier()
-    hvd.remove_process_set(odd)
-    hvd.remove_process_set(even)
+    for label in ("low", "odd", "even"):
+        if label in sets:
+            hvd.remove_process_set(sets[label])
     return out
 
 

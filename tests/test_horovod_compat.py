@@ -366,17 +366,22 @@ def test_delta_optimizer_adasum():
 @pytest.mark.parametrize("np_", [2, 3])
 def test_optimizer_process_sets(np_, backend):
     """Optimizers over the even and the odd ranks' process sets, built on every rank, and
-    one over each rank's own set: members step on their set's exchange and agree, a rank
-    outside a set steps on its own gradient, ranks in different sets differ."""
+    one over each rank's own set (on 3 ranks also one over {0, 1}, which overlaps the even
+    set {0, 2}): members step on their set's exchange and agree, a rank outside a set steps on
+    its own gradient, ranks in different sets differ."""
     results = _launch("process_sets", np=np_, backend=backend, timeout=120,
                       env={"HOROVOD_DYNAMIC_PROCESS_SETS": "1"}, modes=MODES,
                       density=DENSITY)
     local = _local(lambda: mlp(seed=0), mlp_loss, range(np_))
     even, odd = list(range(0, np_, 2)), list(range(1, np_, 2))
+    fixed = {"even": even, "odd": odd}
+    if np_ == 3:
+        fixed["low"] = [0, 1]
     for mode in MODES:
-        for label in ("even", "odd", "own"):
+        assert set(results[0][mode]) == {*fixed, "own"}
+        for label in (*fixed, "own"):
             for r in range(np_):
-                members = {"even": even, "odd": odd}.get(label, even if r % 2 == 0 else odd)
+                members = fixed.get(label, even if r % 2 == 0 else odd)
                 got = results[r][mode][label]
                 if r in members:
                     thresholds = [results[q][mode][label]["threshold"] for q in members]
