@@ -181,12 +181,14 @@ def broadcast_state(mode, density):
         hvd.broadcast_optimizer_state(opt, root_rank=0)
         after.update(_state_snapshot(opt))
         differences = _differences(reference, after)
-        sparse_state = opt.state_dict().get("horovod_micro")
-        iteration = None if sparse_state is None else sparse_state["iteration"]
 
         opt.zero_grad()
         mlp_loss(model, rank).backward()
         opt.step()
+        # The iteration the next exchange ran at: a sparse optimizer adopts rank 0's
+        # iteration and controller at its first exchange after construction or loading.
+        sparse = opt.state_dict().get("horovod_micro") is not None
+        iteration = opt.last_stats.iteration if sparse else None
         out.append({"optimizer": name, "options": index, "differences": differences,
                     "states": [expected_states, after["num_states"]],
                     "finite_after_next_step": bool(flat_params(model).isfinite().all()),
