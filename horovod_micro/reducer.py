@@ -10,6 +10,16 @@ second N-sized copy exists. After the exchange the residual keeps ``a_t`` except
 coordinates this rank sent, and the aggregated sparse gradient is written into one flat
 output buffer whose slices are installed as the parameters' ``.grad`` (a view per
 parameter, like DDP's ``gradient_as_bucket_view``), ready for the wrapped optimizer.
+
+Dtypes. The flat buffers take ``torch.promote_types`` over all parameters' dtypes, float32
+at least: one float64 parameter makes the whole flat vector float64, so no float64
+gradient is ever rounded to float32; float16/bfloat16 parameters keep a float32 residual,
+where small updates add up instead of vanishing. Every method returns its aggregate in the
+buffer's dtype, and the write-back casts each parameter's slice to that parameter's dtype
+(a view where they agree, a copy where they differ). ``fp16_values`` rounds only what
+travels. Selection (:mod:`horovod_micro.selection`): the native kernel serves float32
+buffers on CPU; float64 buffers take the torch path (several times slower, exact in
+float64), as CUDA tensors do.
 """
 
 from __future__ import annotations
@@ -25,6 +35,15 @@ from .sparsifiers.base import Reduction, Sparsifier
 from .stats import StepStats
 
 
+def flat_dtype(dtypes) -> torch.dtype:
+    """The flat buffers' dtype: all parameters' dtypes promoted together, float32 at least
+    (see the module docstring)."""
+    result = torch.float32
+    for dtype in dtypes:
+        result = torch.promote_types(result, dtype)
+    return result
+
+
 class FlatLayout:
     """Where each parameter's gradient lives in the flat vector (parameters in name order)."""
 
@@ -38,8 +57,7 @@ class FlatLayout:
             offset += p.numel()
         self.numel = offset
         self.device = self.params[0].device if self.params else torch.device("cpu")
-        self.dtype = (torch.float64 if any(p.dtype == torch.float64 for p in self.params)
-                      else torch.float32)
+        self.dtype = flat_dtype(p.dtype for p in self.params)
 
     def signature(self) -> list[tuple[str, tuple[int, ...], str]]:
         """Names, shapes and dtypes; must be identical on every rank."""

@@ -62,7 +62,8 @@ class Reduced:
 
     Attributes:
         indices: distinct coordinates that received an aggregate (int32 or int64).
-        values: the aggregate at ``indices`` (float32), ``op`` already applied.
+        values: the aggregate at ``indices``, ``op`` already applied, in the flat buffer's
+            dtype (``acc.dtype``, see :mod:`horovod_micro.reducer`): never narrower.
         contributed: this rank's coordinates whose value went into the aggregate; error
             feedback zeroes exactly these in this rank's residual.
         gathered: the per-rank selections and statuses from the index exchange.
@@ -83,7 +84,8 @@ class Sparsifier:
         density: wanted fraction of coordinates exchanged per iteration, in (0, 1].
         error_feedback: keep what was not sent in a residual and add it to the next
             gradient (on by default; off reproduces the ablation of Sahu et al.).
-        fp16_values: send values as float16 on the wire; residuals stay float32.
+        fp16_values: send values as float16 on the wire; residuals keep the flat buffer's
+            dtype (float32 or float64).
     """
 
     name = "sparse"

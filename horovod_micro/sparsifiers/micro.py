@@ -87,7 +87,8 @@ class MicroCompressor(Sparsifier):
         values = self.wire(acc.index_select(0, union))
         values = allreduce_values(self.comm, values, traffic, reduction.op,
                                   reduction.prescale, reduction.postscale)
-        return Reduced(union, values.float(), union, gathered, self.controller.threshold)
+        return Reduced(union, values.to(acc.dtype), union, gathered,
+                       self.controller.threshold)
 
     def observe(self, reduced: Reduced) -> None:
         self.controller.update(int(reduced.indices.numel()), sum(reduced.gathered.aux))

@@ -1,0 +1,169 @@
+"""Review findings on the sparse step (issue 15), each on real ranks against the
+independent simulations of tests/simulation.py and tests/simulation_baselines.py:
+
+1. float64 models keep float64 (the dtype rule of the README);
+2. float16 values on the wire: overflow is a non-finite step on every rank, and the
+   rounding error stays in the residual;
+3. a non-finite step keeps every finite residual entry;
+4. the finiteness check does not overflow on finite values;
+9. a collective error leaves the residual as it was before the step.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from multirank import run_ranks
+from simulation import fp16_round_trip, identity, injected_gradient, simulate_micro
+from simulation_baselines import (
+    simulate_cltk,
+    simulate_gtopk,
+    simulate_randomk,
+    simulate_threshold,
+    simulate_topk,
+)
+
+from horovod_micro.reducer import FlatLayout
+from horovod_micro.sparsifiers.randomk import shared_indices
+
+NUMEL, DENSITY, VALUE = 300, 0.05, 0.03
+K = math.floor(DENSITY * NUMEL)
+
+
+def run(label, method, **kwargs):
+    op = kwargs.pop("op", "average")
+    return {"label": label, "method": method, "kwargs": kwargs, "op": op}
+
+
+def every_method(**kwargs):
+    """MiCRO and the five baselines, with the same extra arguments."""
+    return [run("micro", "micro", density=DENSITY, **kwargs),
+            run("topk", "topk", density=DENSITY, **kwargs),
+            run("cltk", "cltk", density=DENSITY, **kwargs),
+            run("threshold", "threshold", value=VALUE, **kwargs),
+            run("randomk", "randomk", density=DENSITY, **kwargs),
+            run("gtopk", "gtopk", density=DENSITY, **kwargs)]
+
+
+def simulate(spec, n, grads, traces):
+    """The independent reference of ``spec``'s method over ``grads[t][r]``."""
+    kw = spec["kwargs"]
+    common = {"average": spec["op"] == "average",
+              "error_feedback": kw.get("error_feedback", True),
+              "wire": fp16_round_trip if kw.get("fp16_values") else identity}
+    method, numel = spec["method"], grads[0][0].numel()
+    k = math.floor(kw.get("density", DENSITY) * numel)
+    if method == "micro":
+        return simulate_micro(grads, [t["threshold"] for t in traces[0]], n, **common)
+    if method == "topk":
+        return simulate_topk(grads, n, k, **common)
+    if method == "cltk":
+        return simulate_cltk(grads, n, k, **common)
+    if method == "threshold":
+        return simulate_threshold(grads, n, kw["value"], **common)
+    if method == "randomk":
+        drawn = [shared_indices(numel, k, kw.get("seed", 0), t) for t in range(len(grads))]
+        return simulate_randomk(grads, n, drawn, **common)
+    if method == "gtopk":
+        return simulate_gtopk(grads, n, k, **common)
+    raise AssertionError(method)
+
+
+def norm(x: torch.Tensor) -> float:
+    """L2 norm in float64, scaled so that 1e200 entries do not overflow."""
+    scale = float(x.abs().max()) if x.numel() else 0.0
+    return scale * float((x.double() / scale).norm()) if scale else 0.0
+
+
+def check(results, runs, config, rtol, atol, name=None):
+    """Every rank's exchanged gradient, residual, residual norm and non-finite flag equal the
+    simulation's at every iteration; returns the simulations by label."""
+    n = len(results)
+    dtype = getattr(torch, config.get("dtype", "float32"))
+    grads = [[injected_gradient(r, t, config["numel"], config.get("seed", 0), dtype,
+                                config.get("inject", ())) for r in range(n)]
+             for t in range(config["iterations"])]
+    sims = {}
+    for spec in runs:
+        label = spec["label"]
+        traces = [res.value[name][label] if name else res.value[label] for res in results]
+        sims[label] = want = simulate(spec, n, grads, traces)
+        for t, w in enumerate(want):
+            for r in range(n):
+                got, context = traces[r][t], (name, label, t, r)
+                g = torch.tensor(got["grad"], dtype=dtype)
+                assert got["grad_dtype"] == str(dtype), context
+                assert got["residual_dtype"] == str(dtype), context
+                assert got["nonfinite"] == (not w["finite"]), context
+                if w["finite"]:
+                    torch.testing.assert_close(g, w["grad"], rtol=rtol, atol=atol,
+                                               msg=str(context))
+                else:
+                    assert bool(torch.isnan(g).all()), context
+                residual = torch.tensor(got["residual"], dtype=dtype)
+                torch.testing.assert_close(residual, w["residual"][r], rtol=rtol, atol=atol,
+                                           msg=str(context))
+                assert got["residual_norm"] == pytest.approx(norm(w["residual"][r]),
+                                                             rel=1e-4), context
+    return sims
+
+
+# ----- 1. dtypes ------------------------------------------------------------------------
+
+
+def test_layout_dtype_rule():
+    """The flat buffers take the promoted dtype of all parameters, float32 at least."""
+    def layout(*dtypes):
+        return FlatLayout([(f"p{i}", torch.nn.Parameter(torch.zeros(3, dtype=d)))
+                           for i, d in enumerate(dtypes)]).dtype
+
+    assert layout(torch.float16) == torch.float32
+    assert layout(torch.bfloat16, torch.float16) == torch.float32
+    assert layout(torch.float32) == torch.float32
+    assert layout(torch.float16, torch.float64, torch.float32) == torch.float64
+    assert FlatLayout([]).dtype == torch.float32
+
+
+def test_float64_model_equals_float64_simulation():
+    """A float64 model's exchange keeps float64 in every method: equal to a float64
+    simulation of n workers to float64 precision (a float32 round trip is 1e-8 off)."""
+    runs = every_method()
+    config = {"runs": runs, "numel": NUMEL, "iterations": 5, "seed": 3, "dtype": "float64"}
+    results = run_ranks("ranks_reducer_defects:traces", np=2, kwargs=config)
+    check(results, runs, config, rtol=1e-13, atol=1e-16)
+
+
+def test_mixed_dtypes_write_back_in_each_parameters_dtype():
+    """float64 + float32 + float16 + bfloat16 parameters: one float64 residual; each
+    parameter receives the float64 result cast to its own dtype."""
+    sizes = {"a": (120, "float64"), "b": (100, "float32"), "c": (50, "float16"),
+             "d": (30, "bfloat16")}
+    iterations, n = 4, 2
+    results = run_ranks("ranks_reducer_defects:mixed_dtypes", np=n,
+                        kwargs={"sizes": sizes, "iterations": iterations, "seed": 1})
+    numel = sum(size for size, _ in sizes.values())
+    grads = []
+    for t in range(iterations):
+        grads.append([])
+        for r in range(n):
+            flat, parts, start = injected_gradient(r, t, numel, 1, torch.float64), [], 0
+            for size, dtype in sizes.values():  # as the rank body casts it
+                parts.append(flat[start:start + size].to(getattr(torch, dtype)).double())
+                start += size
+            grads[t].append(torch.cat(parts))
+    sim = simulate_micro(grads, [rec["threshold"] for rec in results[0].value], n)
+    for res in results:
+        for t, rec in enumerate(res.value):
+            assert rec["residual_dtype"] == "torch.float64"
+            torch.testing.assert_close(torch.tensor(rec["residual"], dtype=torch.float64),
+                                       sim[t]["residual"][res.rank], rtol=1e-13, atol=1e-16)
+            start = 0
+            for name, (size, dtype) in sizes.items():
+                want = sim[t]["grad"][start:start + size].to(getattr(torch, dtype))
+                assert rec["grad_dtypes"][name] == str(want.dtype), (name, t)
+                got = torch.tensor(rec["grads"][name], dtype=torch.float64).to(want.dtype)
+                torch.testing.assert_close(got, want, rtol=1e-13, atol=1e-16,
+                                           msg=str((name, t)))
+                start += size
