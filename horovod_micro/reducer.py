@@ -112,10 +112,16 @@ class SparseReducer:
             residual_norm = float(torch.linalg.vector_norm(acc))
         else:
             self.output.index_copy_(0, applied, reduced.values.to(self.output.dtype))
-            residual_norm = math.sqrt(max(sq_norm - float(torch.dot(sent, sent)), 0.0))
+            # Where this rank's value went into the aggregate the residual keeps only what
+            # the wire lost: 0 in full precision, the float16 rounding error otherwise.
+            kept = self.sparsifier.wire_error(sent)
+            residual_norm = math.sqrt(max(
+                sq_norm - float(torch.dot(sent, sent)) + float(torch.dot(kept, kept)), 0.0))
             self.sparsifier.observe(reduced)
-        if self.sparsifier.error_feedback:
+        if self.sparsifier.error_feedback and nonfinite:
             acc.index_fill_(0, contributed, 0.0)
+        elif self.sparsifier.error_feedback:
+            acc.index_copy_(0, contributed, kept)
         else:
             acc.zero_()
             residual_norm = 0.0

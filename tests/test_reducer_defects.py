@@ -167,3 +167,14 @@ def test_mixed_dtypes_write_back_in_each_parameters_dtype():
                 torch.testing.assert_close(got, want, rtol=1e-13, atol=1e-16,
                                            msg=str((name, t)))
                 start += size
+
+
+# ----- 2. float16 values -----------------------------------------------------------------
+
+
+def test_fp16_rounding_error_stays_in_the_residual():
+    """Where a rank sent a float16 value its residual keeps ``a - float(half(a))``."""
+    runs = every_method(fp16_values=True)
+    config = {"runs": runs, "numel": NUMEL, "iterations": 5, "seed": 4}
+    results = run_ranks("ranks_reducer_defects:traces", np=2, kwargs=config)
+    check(results, runs, config, rtol=1e-6, atol=1e-9)

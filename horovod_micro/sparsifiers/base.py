@@ -147,7 +147,21 @@ class Sparsifier:
         return None
 
     def wire(self, values: torch.Tensor) -> torch.Tensor:
+        """``values`` as they travel: float16 with ``fp16_values``."""
         return values.to(torch.float16) if self.fp16_values else values
+
+    def wire_error(self, values: torch.Tensor) -> torch.Tensor:
+        """What of ``values`` does not survive :meth:`wire`: ``a - float(half(a))`` with
+        ``fp16_values``, else zeros. Error feedback keeps it in the residual where the
+        value was sent, so the rounding is paid back later instead of lost.
+
+        For gTop-k this is the rounding of the rank's own value: exact for a rank whose
+        message holds only its own values, an approximation for an inner tree node or the
+        root, whose rounded messages also carry other ranks' values (that remainder belongs
+        to no single rank)."""
+        if not self.fp16_values:
+            return torch.zeros_like(values)
+        return values - self.wire(values).to(values.dtype)
 
     # ----- Horovod's Compressor shape ------------------------------------------------
     def compress(self, tensor: torch.Tensor, iteration: int = 0
