@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from .exchange import NONFINITE, OK, SPARSE_GRADIENT, Comm, Traffic
-from .sparsifiers.base import Reduction, Sparsifier
+from .sparsifiers.base import Reduced, Reduction, Sparsifier
 from .stats import StepStats
 
 
@@ -96,33 +96,11 @@ class SparseReducer:
                                            self.reduction, traffic)
 
         nonfinite = reduced.gathered.nonfinite()
-        # index_select/index_copy_/index_fill_: 3-10x cheaper than advanced indexing at
-        # ~1e5 coordinates (bench/pipeline.py).
-        applied = reduced.indices.long()
-        contributed = (applied if reduced.contributed is reduced.indices
-                       else reduced.contributed.long())
-        sent = acc.index_select(0, contributed)
-        self.output.zero_()
         if nonfinite:
-            # Some rank's gradient overflowed: every rank hands NaN to its optimizer (as
-            # dense Horovod would spread it), so a GradScaler skips the step everywhere,
-            # and the residual drops the non-finite entries so later steps stay healthy.
-            self.output.fill_(math.nan)
-            torch.nan_to_num_(acc, nan=0.0, posinf=0.0, neginf=0.0)
-            residual_norm = float(torch.linalg.vector_norm(acc))
+            residual_norm = self._skip(reduced)
         else:
-            self.output.index_copy_(0, applied, reduced.values.to(self.output.dtype))
-            # Where this rank's value went into the aggregate the residual keeps only what
-            # the wire lost: 0 in full precision, the float16 rounding error otherwise.
-            kept = self.sparsifier.wire_error(sent)
-            residual_norm = math.sqrt(max(
-                sq_norm - float(torch.dot(sent, sent)) + float(torch.dot(kept, kept)), 0.0))
-            self.sparsifier.observe(reduced)
-        if self.sparsifier.error_feedback and nonfinite:
-            acc.index_fill_(0, contributed, 0.0)
-        elif self.sparsifier.error_feedback:
-            acc.index_copy_(0, contributed, kept)
-        else:
+            residual_norm = self._apply(reduced, sq_norm)
+        if not self.sparsifier.error_feedback:
             acc.zero_()
             residual_norm = 0.0
         self._write_back()
@@ -151,6 +129,42 @@ class SparseReducer:
         if self.stats_callback is not None:
             self.stats_callback(stats)
         return stats
+
+    def _apply(self, reduced: Reduced, sq_norm: float) -> float:
+        """A finite step: the aggregate becomes the output; where this rank's value went
+        into it, the residual keeps only what the wire lost (0 in full precision, the
+        float16 rounding error with ``fp16_values``). Returns the residual's norm."""
+        acc = self.residual
+        # index_select/index_copy_/index_fill_: 3-10x cheaper than advanced indexing at
+        # ~1e5 coordinates (bench/pipeline.py).
+        applied = reduced.indices.long()
+        contributed = (applied if reduced.contributed is reduced.indices
+                       else reduced.contributed.long())
+        sent = acc.index_select(0, contributed)
+        kept = self.sparsifier.wire_error(sent)
+        acc.index_copy_(0, contributed, kept)
+        self.output.zero_()
+        self.output.index_copy_(0, applied, reduced.values.to(self.output.dtype))
+        self.sparsifier.observe(reduced)
+        # ||a||^2 - ||sent||^2 + ||kept||^2: no second pass over N.
+        return math.sqrt(max(sq_norm - float(torch.dot(sent, sent))
+                             + float(torch.dot(kept, kept)), 0.0))
+
+    def _skip(self, reduced: Reduced) -> float:
+        """A non-finite step. Every rank hands NaN to its optimizer, as dense Horovod would
+        spread it, so a GradScaler skips the step everywhere, and the threshold stays.
+        Nothing was applied, so the residual keeps ``a_t``, all of it but two kinds of
+        entry, which become 0: its own non-finite entries (they would poison every later
+        step) and the coordinates whose aggregate came out non-finite (a value that cannot
+        travel or be summed would overflow again at once and block training for good;
+        every rank holds the same aggregate, so every rank drops the same coordinates).
+        Returns the residual's norm."""
+        acc = self.residual
+        self.output.fill_(math.nan)
+        torch.nan_to_num_(acc, nan=0.0, posinf=0.0, neginf=0.0)
+        overflowed = reduced.indices[~torch.isfinite(reduced.values)]
+        acc.index_fill_(0, overflowed.long(), 0.0)
+        return float(torch.linalg.vector_norm(acc))
 
     def _accumulate(self) -> int:
         """``residual += grad`` for every parameter (or ``residual = grad`` without error

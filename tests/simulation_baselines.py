@@ -172,7 +172,9 @@ def _subtree(root: int, level: int, acc, k, n, wire, pair_bytes, sent, received)
             merged[i] = (float(total), merged[i][1] | who)
         else:
             merged[i] = (v, set(who))
-    ranked = sorted(merged, key=lambda i: -abs(merged[i][0]))[:k]
+    # Largest |sum| first; NaN ranks above everything, as in torch.topk.
+    ranked = sorted(merged, key=lambda i: (not math.isnan(merged[i][0]),
+                                           -abs(merged[i][0])))[:k]
     return {i: merged[i] for i in sorted(ranked)}
 
 
