@@ -95,7 +95,11 @@ class SparseReducer:
         reduced = self.sparsifier.exchange(acc, indices, status, self.iteration,
                                            self.reduction, traffic)
 
-        nonfinite = reduced.gathered.nonfinite()
+        # NaN/Inf in some rank's a_t came with the status; a value that overflowed on the
+        # wire (fp16_values) or in the sum shows in the aggregate, which every rank holds
+        # identically, so it is judged the same everywhere without another message.
+        nonfinite = (reduced.gathered.nonfinite()
+                     or not bool(torch.isfinite(reduced.values).all()))
         if nonfinite:
             residual_norm = self._skip(reduced)
         else:

@@ -180,6 +180,32 @@ def test_fp16_rounding_error_stays_in_the_residual():
     check(results, runs, config, rtol=1e-6, atol=1e-9)
 
 
+def _overflow(spec, big, iteration=2):
+    """Both ranks hold ``big`` at a coordinate that ``spec``'s method sends at
+    ``iteration`` (MiCRO: 200 lies in part 1, which rank 1 owns at iteration 2)."""
+    if spec["method"] == "randomk":
+        return [[iteration, None, int(shared_indices(NUMEL, K, 0, iteration)[0]), big]]
+    return [[iteration, None, 200, big]]
+
+
+def test_fp16_overflow_is_a_nonfinite_step_on_every_rank():
+    """|a| > 65504 cannot travel as float16 (nor can a sum beyond it): every rank treats
+    the step as non-finite, the overflowing coordinate leaves the residuals, the next
+    step is normal."""
+    configs = {}
+    for spec in every_method(fp16_values=True):
+        configs[spec["label"]] = {"runs": [spec], "numel": NUMEL, "iterations": 4, "seed": 5,
+                                  "inject": _overflow(spec, 1e5)}
+    # 40000 on each of 2 ranks: each value fits in float16, their sum does not.
+    summed = run("micro_sum", "micro", density=DENSITY, fp16_values=True, op="sum")
+    configs["micro_sum"] = {"runs": [summed], "numel": NUMEL, "iterations": 4, "seed": 5,
+                            "inject": _overflow(summed, 40000.0)}
+    results = run_ranks("ranks_reducer_defects:suite", np=2, kwargs={"configs": configs})
+    for name, config in configs.items():
+        sims = check(results, config["runs"], config, rtol=1e-6, atol=1e-9, name=name)
+        assert [h["finite"] for h in sims[name]] == [True, True, False, True], name
+
+
 # ----- 3. non-finite steps -----------------------------------------------------------------
 
 
