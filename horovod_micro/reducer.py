@@ -44,6 +44,26 @@ def flat_dtype(dtypes) -> torch.dtype:
     return result
 
 
+def _all_finite(acc: torch.Tensor, sq_norm: float) -> bool:
+    """Whether every entry of ``acc`` is finite, given ``sq_norm = acc . acc`` (a pass
+    that happens anyway, for the residual norm). A finite sum of squares proves it, and a
+    NaN or Inf entry always makes it non-finite; but finite entries beyond the square
+    root of the dtype's range (1.8e19 in float32) overflow it too, so only an infinite
+    sum is checked entry by entry: exact, and no extra pass on an ordinary step."""
+    return math.isfinite(sq_norm) or bool(torch.isfinite(acc).all())
+
+
+def _norm(x: torch.Tensor) -> float:
+    """L2 norm of a finite ``x`` that cannot overflow: accumulated in float64 (enough for
+    any float32 entry) and, should even that overflow (float64 entries beyond 1e154),
+    computed again scaled by the largest entry."""
+    norm = float(torch.linalg.vector_norm(x, dtype=torch.float64))
+    if math.isinf(norm):
+        scale = float(x.abs().max())
+        norm = scale * float(torch.linalg.vector_norm(x / scale, dtype=torch.float64))
+    return norm
+
+
 class FlatLayout:
     """Where each parameter's gradient lives in the flat vector (parameters in name order)."""
 
@@ -87,7 +107,7 @@ class SparseReducer:
         status = self._accumulate()
         acc = self.residual
         sq_norm = float(torch.dot(acc, acc))
-        if status == OK and not math.isfinite(sq_norm):
+        if status == OK and not _all_finite(acc, sq_norm):
             status = NONFINITE
         indices = self.sparsifier.select(acc, self.iteration)
 
@@ -150,6 +170,8 @@ class SparseReducer:
         self.output.zero_()
         self.output.index_copy_(0, applied, reduced.values.to(self.output.dtype))
         self.sparsifier.observe(reduced)
+        if not math.isfinite(sq_norm):  # ||a||^2 overflowed on finite entries
+            return _norm(acc)
         # ||a||^2 - ||sent||^2 + ||kept||^2: no second pass over N.
         return math.sqrt(max(sq_norm - float(torch.dot(sent, sent))
                              + float(torch.dot(kept, kept)), 0.0))
@@ -168,7 +190,7 @@ class SparseReducer:
         torch.nan_to_num_(acc, nan=0.0, posinf=0.0, neginf=0.0)
         overflowed = reduced.indices[~torch.isfinite(reduced.values)]
         acc.index_fill_(0, overflowed.long(), 0.0)
-        return float(torch.linalg.vector_norm(acc))
+        return _norm(acc)
 
     def _accumulate(self) -> int:
         """``residual += grad`` for every parameter (or ``residual = grad`` without error
