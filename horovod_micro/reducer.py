@@ -4,12 +4,16 @@
 
     flatten -> add residual -> select -> exchange -> average -> update residual -> write back
 
-The flat error-compensated gradient ``a_t = g_t + e_t`` is accumulated directly into the
-residual buffer (one pass over N), so the buffer is reused across iterations and no
-second N-sized copy exists. After the exchange the residual keeps ``a_t`` except at the
-coordinates this rank sent, and the aggregated sparse gradient is written into one flat
-output buffer whose slices are installed as the parameters' ``.grad`` (a view per
-parameter, like DDP's ``gradient_as_bucket_view``), ready for the wrapped optimizer.
+Two N-sized flat buffers, the residual ``e_t`` and the output, trade roles every step, and
+no third copy exists. The error-compensated gradient ``a_t = g_t + e_t`` is built in one
+pass over N into the output buffer, which the optimizer no longer needs, so the residual
+stays untouched until the exchange has succeeded: a collective error
+(:class:`~horovod_micro.exchange.CollectiveInputError`, raised on every rank) leaves the
+reducer exactly as it was before the step. After the exchange ``a_t``'s buffer becomes the
+residual, keeping ``a_t`` except at the coordinates this rank sent, and the old residual's
+buffer becomes the output: the aggregated sparse gradient, whose slices are installed as
+the parameters' ``.grad`` (a view per parameter, like DDP's ``gradient_as_bucket_view``),
+ready for the wrapped optimizer.
 
 Dtypes. The flat buffers take ``torch.promote_types`` over all parameters' dtypes, float32
 at least: one float64 parameter makes the whole flat vector float64, so no float64
@@ -102,10 +106,13 @@ class SparseReducer:
         self.output = torch.zeros(layout.numel, dtype=layout.dtype, device=layout.device)
 
     def reduce(self) -> StepStats:
-        """Exchange the current ``.grad`` of every parameter and replace it by the result."""
+        """Exchange the current ``.grad`` of every parameter and replace it by the result.
+
+        If the exchange raises, the residual, the iteration and the sparsifier's state
+        are those from before the call (``a_t`` lived only in the output buffer)."""
         t0 = time.perf_counter()
-        status = self._accumulate()
-        acc = self.residual
+        acc = self.output
+        status = self._accumulate(acc)
         sq_norm = float(torch.dot(acc, acc))
         if status == OK and not _all_finite(acc, sq_norm):
             status = NONFINITE
@@ -114,6 +121,9 @@ class SparseReducer:
         traffic = Traffic()
         reduced = self.sparsifier.exchange(acc, indices, status, self.iteration,
                                            self.reduction, traffic)
+        # The exchange succeeded: a_t becomes the residual, the old residual's buffer the
+        # output.
+        self.residual, self.output = acc, self.residual
 
         # NaN/Inf in some rank's a_t came with the status; a value that overflowed on the
         # wire (fp16_values) or in the sum shows in the aggregate, which every rank holds
@@ -192,20 +202,21 @@ class SparseReducer:
         acc.index_fill_(0, overflowed.long(), 0.0)
         return _norm(acc)
 
-    def _accumulate(self) -> int:
-        """``residual += grad`` for every parameter (or ``residual = grad`` without error
-        feedback); returns the status this rank reports in the exchange."""
+    def _accumulate(self, acc: torch.Tensor) -> int:
+        """``acc = residual + grad``, slice by slice (without error feedback the residual
+        stays all zeros, so this is ``grad``); returns the status this rank reports in the
+        exchange. A ``.grad`` may be a view of ``acc`` itself (the last write-back installed
+        them; ``zero_grad(set_to_none=False)`` and backward then accumulate into them):
+        the add is elementwise over identical memory, so that is safe."""
         status = OK
-        if not self.sparsifier.error_feedback:
-            self.residual.zero_()
         for p, (start, end) in zip(self.layout.params, self.layout.slices):
             grad = p.grad
+            if grad is not None and grad.is_sparse:
+                status, grad = SPARSE_GRADIENT, None
             if grad is None:
-                continue
-            if grad.is_sparse:
-                status = SPARSE_GRADIENT
-                continue
-            self.residual[start:end].add_(grad.reshape(-1))
+                acc[start:end].copy_(self.residual[start:end])
+            else:
+                torch.add(self.residual[start:end], grad.reshape(-1), out=acc[start:end])
         return status
 
     def _write_back(self) -> None:

@@ -116,3 +116,25 @@ def _failed_step(opt, emb, w) -> dict:
     return {"error": message,
             "residual_restored": bool(torch.equal(before["residual"], after["residual"])),
             "iteration_restored": before["iteration"] == after["iteration"]}
+
+
+def grad_views(numel, iterations, seed=0):
+    """Two MiCRO optimizers fed by backward passes: one zeroes ``.grad`` in place
+    (``zero_grad(set_to_none=False)``: backward then accumulates into the views of the
+    output buffer that the last step installed, the buffer that the next step builds
+    ``a_t`` in), the other sets it to None. Per variant: gradients and residuals."""
+    out = {}
+    for set_to_none in (True, False):
+        param = torch.nn.Parameter(torch.zeros(numel))
+        opt = _optimizer([("flat", param)], {"method": "micro", "kwargs": {"density": 0.05}})
+        records = []
+        for t in range(iterations):
+            opt.zero_grad(set_to_none=set_to_none)
+            (param * injected_gradient(hvd.rank(), t, numel, seed)).sum().backward()
+            opt.step()
+            residual = opt.state_dict()["horovod_micro"]["residual"]
+            records.append({"grad": param.grad.tolist(), "residual": residual.tolist(),
+                            "threshold": opt.last_stats.threshold,
+                            "grad_is_view": param.grad._base is not None})
+        out[f"set_to_none={set_to_none}"] = records
+    return out

@@ -251,3 +251,67 @@ def test_huge_finite_values_are_not_mistaken_for_overflow():
         big = 1e19 if name == "float32" else 1e199
         assert any(norm(sim[2]["residual"][r]) > big
                    for sim in sims.values() for r in range(2)), name
+
+
+# ----- 9. collective errors -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend_", ["gloo", "mpi"])
+def test_collective_error_leaves_the_residual_as_before(backend_):
+    """Rank 1's embedding gradient is sparse: every rank raises CollectiveInputError, and
+    every rank's residual and iteration are exactly those before the failed step; later
+    steps go on as if it never happened."""
+    runs = every_method()
+    config = {"runs": runs, "numel": NUMEL, "iterations": 4, "fail_before": 2, "seed": 8}
+    results = run_ranks("ranks_reducer_defects:collective_error", np=2, backend=backend_,
+                        kwargs=config)
+    for res in results:
+        for spec in runs:
+            got = res.value[spec["label"]]
+            assert "rank 1" in got["error"] and "sparse" in got["error"], got["error"]
+            assert got["residual_restored"], (res.rank, spec["label"])
+            assert got["iteration_restored"], (res.rank, spec["label"])
+    records = {spec["label"]: [res.value[spec["label"]]["records"] for res in results]
+               for spec in runs}
+    for spec in runs:
+        check_records(records[spec["label"]], spec, config)
+
+
+def check_records(traces, spec, config):
+    """The successful steps of ``collective_error`` equal the simulation without the
+    failed attempt."""
+    n = len(traces)
+    grads = [[injected_gradient(r, t, config["numel"], config["seed"]) for r in range(n)]
+             for t in range(config["iterations"])]
+    want = simulate(spec, n, grads, traces)
+    for t, w in enumerate(want):
+        for r in range(n):
+            got = traces[r][t]
+
+            def msg(m, c=(spec["label"], t, r)):
+                return f"{c}: {m}"
+
+            torch.testing.assert_close(torch.tensor(got["grad"]), w["grad"], rtol=1e-6,
+                                       atol=1e-9, msg=msg)
+            torch.testing.assert_close(torch.tensor(got["residual"]), w["residual"][r],
+                                       rtol=1e-6, atol=1e-9, msg=msg)
+
+
+def test_grad_views_in_place_equal_fresh_grads():
+    """``zero_grad(set_to_none=False)`` makes backward accumulate into the previous step's
+    output views, the buffer that the next step builds ``a_t`` in: same result as fresh
+    gradients, and as the simulation."""
+    numel, iterations = NUMEL, 4
+    results = run_ranks("ranks_reducer_defects:grad_views", np=2,
+                        kwargs={"numel": numel, "iterations": iterations, "seed": 9})
+    grads = [[injected_gradient(r, t, numel, 9) for r in range(2)] for t in range(iterations)]
+    for res in results:
+        fresh, in_place = res.value["set_to_none=True"], res.value["set_to_none=False"]
+        assert all(rec["grad_is_view"] for rec in in_place)
+        assert in_place == [dict(rec, grad_is_view=True) for rec in fresh]
+        sim = simulate_micro(grads, [rec["threshold"] for rec in fresh], 2)
+        for t, rec in enumerate(in_place):
+            torch.testing.assert_close(torch.tensor(rec["grad"]), sim[t]["grad"], rtol=1e-6,
+                                       atol=1e-9)
+            torch.testing.assert_close(torch.tensor(rec["residual"]),
+                                       sim[t]["residual"][res.rank], rtol=1e-6, atol=1e-9)
