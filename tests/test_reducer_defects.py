@@ -188,10 +188,11 @@ def _overflow(spec, big, iteration=2):
     return [[iteration, None, 200, big]]
 
 
-def test_fp16_overflow_is_a_nonfinite_step_on_every_rank():
+@pytest.mark.parametrize("backend_", ["gloo", "mpi"])
+def test_fp16_overflow_is_a_nonfinite_step_on_every_rank(backend_):
     """|a| > 65504 cannot travel as float16 (nor can a sum beyond it): every rank treats
     the step as non-finite, the overflowing coordinate leaves the residuals, the next
-    step is normal."""
+    step is normal. (Each backend's allreduce must hand every rank the same aggregate.)"""
     configs = {}
     for spec in every_method(fp16_values=True):
         configs[spec["label"]] = {"runs": [spec], "numel": NUMEL, "iterations": 4, "seed": 5,
@@ -200,7 +201,8 @@ def test_fp16_overflow_is_a_nonfinite_step_on_every_rank():
     summed = run("micro_sum", "micro", density=DENSITY, fp16_values=True, op="sum")
     configs["micro_sum"] = {"runs": [summed], "numel": NUMEL, "iterations": 4, "seed": 5,
                             "inject": _overflow(summed, 40000.0)}
-    results = run_ranks("ranks_reducer_defects:suite", np=2, kwargs={"configs": configs})
+    results = run_ranks("ranks_reducer_defects:suite", np=2, backend=backend_,
+                        kwargs={"configs": configs})
     for name, config in configs.items():
         sims = check(results, config["runs"], config, rtol=1e-6, atol=1e-9, name=name)
         assert [h["finite"] for h in sims[name]] == [True, True, False, True], name
