@@ -65,7 +65,8 @@ class Reduced:
         values: the aggregate at ``indices``, ``op`` already applied, in the flat buffer's
             dtype (``acc.dtype``, see :mod:`horovod_micro.reducer`): never narrower.
         contributed: this rank's coordinates whose value went into the aggregate; error
-            feedback zeroes exactly these in this rank's residual.
+            feedback clears exactly these in this rank's residual on a finite step
+            (keeping only :meth:`Sparsifier.wire_error`, 0 in full precision).
         gathered: the per-rank selections and statuses from the index exchange.
         threshold: the threshold used, for methods that have one.
     """

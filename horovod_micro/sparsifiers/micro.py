@@ -13,7 +13,8 @@ Per iteration ``t`` on rank ``r`` of ``n``:
 3. Each rank takes its *own* ``a_t`` at the union and the ranks allreduce those values:
    every selected coordinate carries the full n-rank sum, chosen by its part's owner.
    Traffic per rank is O(k), independent of ``n``.
-4. Every rank zeroes its residual at the union (it sent its value there).
+4. Every rank zeroes its residual at the union (it sent its value there; with
+   ``fp16_values`` it keeps the rounding error, :meth:`Sparsifier.wire_error`).
 5. The threshold is steered from the global count (:mod:`horovod_micro.threshold`), which
    every rank knows after step 2, so all thresholds stay identical with no extra message.
 """
