@@ -10,7 +10,10 @@ Every exchange starts with one variable-size ``allgather`` of an int32 block per
 * ``status`` carries per-rank conditions that must be acted on collectively (NaN/Inf in
   the gradient, a gradient this method cannot take): a rank that finds a problem still
   takes part in the collective, and then every rank raises or reacts identically, so one
-  rank's bad input never leaves the others waiting.
+  rank's bad input never leaves the others waiting. (An overflow that happens only on
+  the wire, a float16 value beyond 65504 or a sum beyond the dtype's range, needs no
+  status: it shows in the aggregate, which every rank holds identically; the reducer
+  checks it there.)
 
 Exact variable-size gathers, not fixed-capacity padded buffers. Measured on 2 ranks here
 (``bench/collective_shapes.py``, BENCHMARKS.md; allgather of indices + allreduce of values

@@ -4,12 +4,26 @@
 
     flatten -> add residual -> select -> exchange -> average -> update residual -> write back
 
-The flat error-compensated gradient ``a_t = g_t + e_t`` is accumulated directly into the
-residual buffer (one pass over N), so the buffer is reused across iterations and no
-second N-sized copy exists. After the exchange the residual keeps ``a_t`` except at the
-coordinates this rank sent, and the aggregated sparse gradient is written into one flat
-output buffer whose slices are installed as the parameters' ``.grad`` (a view per
-parameter, like DDP's ``gradient_as_bucket_view``), ready for the wrapped optimizer.
+Two N-sized flat buffers, the residual ``e_t`` and the output, trade roles every step, and
+no third copy exists. The error-compensated gradient ``a_t = g_t + e_t`` is built in one
+pass over N into the output buffer, which the optimizer no longer needs, so the residual
+stays untouched until the exchange has succeeded: a collective error
+(:class:`~horovod_micro.exchange.CollectiveInputError`, raised on every rank) leaves the
+reducer exactly as it was before the step. After the exchange ``a_t``'s buffer becomes the
+residual, keeping ``a_t`` except at the coordinates this rank sent, and the old residual's
+buffer becomes the output: the aggregated sparse gradient, whose slices are installed as
+the parameters' ``.grad`` (a view per parameter, like DDP's ``gradient_as_bucket_view``),
+ready for the wrapped optimizer.
+
+Dtypes. The flat buffers take ``torch.promote_types`` over all parameters' dtypes, float32
+at least: one float64 parameter makes the whole flat vector float64, so no float64
+gradient is ever rounded to float32; float16/bfloat16 parameters keep a float32 residual,
+where small updates add up instead of vanishing. Every method returns its aggregate in the
+buffer's dtype, and the write-back casts each parameter's slice to that parameter's dtype
+(a view where they agree, a copy where they differ). ``fp16_values`` rounds only what
+travels. Selection (:mod:`horovod_micro.selection`): the native kernel serves float32
+buffers on CPU; float64 buffers take the torch path (several times slower, exact in
+float64), as CUDA tensors do.
 """
 
 from __future__ import annotations
@@ -21,8 +35,37 @@ from collections.abc import Callable, Sequence
 import torch
 
 from .exchange import NONFINITE, OK, SPARSE_GRADIENT, Comm, Traffic
-from .sparsifiers.base import Reduction, Sparsifier
+from .sparsifiers.base import Reduced, Reduction, Sparsifier
 from .stats import StepStats
+
+
+def flat_dtype(dtypes) -> torch.dtype:
+    """The flat buffers' dtype: all parameters' dtypes promoted together, float32 at least
+    (see the module docstring)."""
+    result = torch.float32
+    for dtype in dtypes:
+        result = torch.promote_types(result, dtype)
+    return result
+
+
+def _all_finite(acc: torch.Tensor, sq_norm: float) -> bool:
+    """Whether every entry of ``acc`` is finite, given ``sq_norm = acc . acc`` (a pass
+    that happens anyway, for the residual norm). A finite sum of squares proves it, and a
+    NaN or Inf entry always makes it non-finite; but finite entries beyond the square
+    root of the dtype's range (1.8e19 in float32) overflow it too, so only an infinite
+    sum is checked entry by entry: exact, and no extra pass on an ordinary step."""
+    return math.isfinite(sq_norm) or bool(torch.isfinite(acc).all())
+
+
+def _norm(x: torch.Tensor) -> float:
+    """L2 norm of a finite ``x`` that cannot overflow: accumulated in float64 (enough for
+    any float32 entry) and, should even that overflow (float64 entries beyond 1e154),
+    computed again scaled by the largest entry."""
+    norm = float(torch.linalg.vector_norm(x, dtype=torch.float64))
+    if math.isinf(norm):
+        scale = float(x.abs().max())
+        norm = scale * float(torch.linalg.vector_norm(x / scale, dtype=torch.float64))
+    return norm
 
 
 class FlatLayout:
@@ -38,8 +81,7 @@ class FlatLayout:
             offset += p.numel()
         self.numel = offset
         self.device = self.params[0].device if self.params else torch.device("cpu")
-        self.dtype = (torch.float64 if any(p.dtype == torch.float64 for p in self.params)
-                      else torch.float32)
+        self.dtype = flat_dtype(p.dtype for p in self.params)
 
     def signature(self) -> list[tuple[str, tuple[int, ...], str]]:
         """Names, shapes and dtypes; must be identical on every rank."""
@@ -64,41 +106,35 @@ class SparseReducer:
         self.output = torch.zeros(layout.numel, dtype=layout.dtype, device=layout.device)
 
     def reduce(self) -> StepStats:
-        """Exchange the current ``.grad`` of every parameter and replace it by the result."""
+        """Exchange the current ``.grad`` of every parameter and replace it by the result.
+
+        If the exchange raises, the residual, the iteration and the sparsifier's state
+        are those from before the call (``a_t`` lived only in the output buffer)."""
         t0 = time.perf_counter()
-        status = self._accumulate()
-        acc = self.residual
+        acc = self.output
+        status = self._accumulate(acc)
         sq_norm = float(torch.dot(acc, acc))
-        if status == OK and not math.isfinite(sq_norm):
+        if status == OK and not _all_finite(acc, sq_norm):
             status = NONFINITE
         indices = self.sparsifier.select(acc, self.iteration)
 
         traffic = Traffic()
         reduced = self.sparsifier.exchange(acc, indices, status, self.iteration,
                                            self.reduction, traffic)
+        # The exchange succeeded: a_t becomes the residual, the old residual's buffer the
+        # output.
+        self.residual, self.output = acc, self.residual
 
-        nonfinite = reduced.gathered.nonfinite()
-        # index_select/index_copy_/index_fill_: 3-10x cheaper than advanced indexing at
-        # ~1e5 coordinates (bench/pipeline.py).
-        applied = reduced.indices.long()
-        contributed = (applied if reduced.contributed is reduced.indices
-                       else reduced.contributed.long())
-        sent = acc.index_select(0, contributed)
-        self.output.zero_()
+        # NaN/Inf in some rank's a_t came with the status; a value that overflowed on the
+        # wire (fp16_values) or in the sum shows in the aggregate, which every rank holds
+        # identically, so it is judged the same everywhere without another message.
+        nonfinite = (reduced.gathered.nonfinite()
+                     or not bool(torch.isfinite(reduced.values).all()))
         if nonfinite:
-            # Some rank's gradient overflowed: every rank hands NaN to its optimizer (as
-            # dense Horovod would spread it), so a GradScaler skips the step everywhere,
-            # and the residual drops the non-finite entries so later steps stay healthy.
-            self.output.fill_(math.nan)
-            torch.nan_to_num_(acc, nan=0.0, posinf=0.0, neginf=0.0)
-            residual_norm = float(torch.linalg.vector_norm(acc))
+            residual_norm = self._skip(reduced)
         else:
-            self.output.index_copy_(0, applied, reduced.values.to(self.output.dtype))
-            residual_norm = math.sqrt(max(sq_norm - float(torch.dot(sent, sent)), 0.0))
-            self.sparsifier.observe(reduced)
-        if self.sparsifier.error_feedback:
-            acc.index_fill_(0, contributed, 0.0)
-        else:
+            residual_norm = self._apply(reduced, sq_norm)
+        if not self.sparsifier.error_feedback:
             acc.zero_()
             residual_norm = 0.0
         self._write_back()
@@ -128,20 +164,64 @@ class SparseReducer:
             self.stats_callback(stats)
         return stats
 
-    def _accumulate(self) -> int:
-        """``residual += grad`` for every parameter (or ``residual = grad`` without error
-        feedback); returns the status this rank reports in the exchange."""
+    def _apply(self, reduced: Reduced, sq_norm: float) -> float:
+        """A finite step: the aggregate becomes the output; where this rank's value went
+        into it, the residual keeps only what the wire lost (0 in full precision, the
+        float16 rounding error with ``fp16_values``). Returns the residual's norm."""
+        acc = self.residual
+        # index_select/index_copy_/index_fill_: 3-10x cheaper than advanced indexing at
+        # ~1e5 coordinates (bench/pipeline.py).
+        applied = reduced.indices.long()
+        contributed = (applied if reduced.contributed is reduced.indices
+                       else reduced.contributed.long())
+        sent = acc.index_select(0, contributed)
+        kept = self.sparsifier.wire_error(sent)
+        acc.index_copy_(0, contributed, kept)
+        self.output.zero_()
+        self.output.index_copy_(0, applied, reduced.values.to(self.output.dtype))
+        self.sparsifier.observe(reduced)
+        if not math.isfinite(sq_norm):  # ||a||^2 overflowed on finite entries
+            return _norm(acc)
+        # ||a||^2 - ||sent||^2 + ||kept||^2: no second pass over N.
+        return math.sqrt(max(sq_norm - float(torch.dot(sent, sent))
+                             + float(torch.dot(kept, kept)), 0.0))
+
+    def _skip(self, reduced: Reduced) -> float:
+        """A non-finite step. Every rank hands NaN to its optimizer, as dense Horovod would
+        spread it, so a GradScaler skips the step everywhere, and the threshold stays.
+        Nothing was applied, so the residual keeps ``a_t``, all of it but two kinds of
+        entry, which become 0: its own non-finite entries (they would poison every later
+        step) and the coordinates whose aggregate came out non-finite (a value that cannot
+        travel or be summed would overflow again at once and block training for good;
+        every rank holds the same aggregate, so every rank drops the same coordinates).
+        Returns the residual's norm."""
+        acc = self.residual
+        self.output.fill_(math.nan)
+        torch.nan_to_num_(acc, nan=0.0, posinf=0.0, neginf=0.0)
+        overflowed = reduced.indices[~torch.isfinite(reduced.values)]
+        acc.index_fill_(0, overflowed.long(), 0.0)
+        return _norm(acc)
+
+    def _accumulate(self, acc: torch.Tensor) -> int:
+        """``acc = residual + grad``, slice by slice (without error feedback the residual
+        stays all zeros, so this is ``grad``); returns the status this rank reports in the
+        exchange. A ``.grad`` may be a view of ``acc`` itself (the last write-back installed
+        them; ``zero_grad(set_to_none=False)`` and backward then accumulate into them):
+        the add is elementwise over identical memory, so that is safe.
+
+        Writing ``a_t`` out of place costs one memory stream more than the in-place add
+        it replaced when ``.grad`` is a fresh tensor (about +2.5 ms at 11.2M float32 on
+        one core here, against about 80 ms for the whole sparse step of
+        ``bench/pipeline.py``): the price of an exact, copy-free rollback."""
         status = OK
-        if not self.sparsifier.error_feedback:
-            self.residual.zero_()
         for p, (start, end) in zip(self.layout.params, self.layout.slices):
             grad = p.grad
+            if grad is not None and grad.is_sparse:
+                status, grad = SPARSE_GRADIENT, None
             if grad is None:
-                continue
-            if grad.is_sparse:
-                status = SPARSE_GRADIENT
-                continue
-            self.residual[start:end].add_(grad.reshape(-1))
+                acc[start:end].copy_(self.residual[start:end])
+            else:
+                torch.add(self.residual[start:end], grad.reshape(-1), out=acc[start:end])
         return status
 
     def _write_back(self) -> None:

@@ -2,8 +2,12 @@
 
 ``select_above`` is MiCRO's selection: the indices of ``|x| >= threshold`` in one pass.
 On CPU float32 it calls the native kernel in ``_native/select.c`` (one read of the data);
-elsewhere (CUDA, other dtypes, or a source tree where the kernel was not built) it uses
-torch ops, which on a GPU are bandwidth-bound anyway.
+elsewhere it uses torch ops, which on a GPU are bandwidth-bound anyway. Which path runs is
+decided by the flat buffer's dtype (the rule is in :mod:`horovod_micro.reducer`): float32
+buffers take the kernel; float64 buffers (a model with a float64 parameter) take torch
+ops on purpose: the kernel compares in float, and narrowing a float64 value or threshold
+could flip a comparison. A source tree where the kernel was not built also uses torch
+(``native_available()`` says which; the tests require the kernel).
 """
 
 from __future__ import annotations

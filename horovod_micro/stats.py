@@ -38,7 +38,8 @@ class StepStats:
         density: ``global_count / numel``, the actual density.
         target_density: the user-set density (1.0 for dense methods).
         bytes_sent, bytes_received: this rank's traffic for the exchange (ring model).
-        residual_norm: L2 norm of this rank's error-feedback residual after the exchange.
+        residual_norm: L2 norm of this rank's error-feedback residual after the exchange
+            (finite for any finite residual: no float32 square overflows it).
         select_time: seconds spent selecting on this rank (including flattening and the
             residual update).
         comm_time: seconds spent in collectives on this rank, waiting included.

@@ -11,23 +11,91 @@ with known per-rank gradients: one flat parameter whose ``.grad`` is set to
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 
 def rank_gradient(rank: int, iteration: int, numel: int, seed: int = 0,
-                  skew: float = 0.0) -> torch.Tensor:
-    """Deterministic float32 gradient of ``rank`` at ``iteration``.
+                  skew: float = 0.0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Deterministic gradient of ``rank`` at ``iteration`` (float32 unless ``dtype``).
 
     Heavy-tailed (Student-t like) values; ``skew > 0`` makes magnitudes grow along the
-    vector, so later parts hold more large entries (unbalanced parts).
+    vector, so later parts hold more large entries (unbalanced parts). A float64 gradient
+    is drawn in float64, so it has digits that a float32 round trip would lose.
     """
     gen = torch.Generator().manual_seed(seed * 1_000_003 + rank * 7919 + iteration * 104_729)
-    normal = torch.randn(numel, generator=gen)
-    chi = torch.randn(numel, 3, generator=gen).pow(2).sum(1).div(3).sqrt()
+    draw = torch.float64 if dtype == torch.float64 else torch.float32
+    normal = torch.randn(numel, generator=gen, dtype=draw)
+    chi = torch.randn(numel, 3, generator=gen, dtype=draw).pow(2).sum(1).div(3).sqrt()
     values = normal / chi * 0.01
     if skew:
-        values *= torch.exp(torch.linspace(0.0, skew, numel))
-    return values.float()
+        values *= torch.exp(torch.linspace(0.0, skew, numel, dtype=draw))
+    return values.to(dtype)
+
+
+def injected_gradient(rank: int, iteration: int, numel: int, seed: int = 0,
+                      dtype: torch.dtype = torch.float32, inject=()) -> torch.Tensor:
+    """``rank_gradient`` with entries overwritten: ``inject`` holds
+    ``[iteration, rank, index, value]`` items (``rank`` None: every rank)."""
+    grad = rank_gradient(rank, iteration, numel, seed, dtype=dtype)
+    for when, who, index, value in inject:
+        if when == iteration and who in (None, rank):
+            grad[index] = value
+    return grad
+
+
+def identity(values: torch.Tensor) -> torch.Tensor:
+    return values
+
+
+def fp16_round_trip(values: torch.Tensor) -> torch.Tensor:
+    """What a value is after travelling as float16 (``fp16_values``)."""
+    return values.half().to(values.dtype)
+
+
+def allreduce_sum(values: list[torch.Tensor], wire=identity) -> torch.Tensor:
+    """What an allreduce of the ranks' ``values`` sums when they travel through ``wire``:
+    with float16 values Horovod adds in float16, so every partial sum is rounded (overflow
+    included). Exact for 2 ranks; with more the order of a ring's additions may differ."""
+    total = wire(values[0])
+    for v in values[1:]:
+        total = wire(total + wire(v))
+    return total
+
+
+def exchange_outcome(acc: list[torch.Tensor], union: torch.Tensor, aggregate: torch.Tensor,
+                     sent: list[torch.Tensor], wire=identity, error_feedback: bool = True):
+    """The applied gradient and every rank's next residual, once a method has decided the
+    coordinates ``union`` (int64) and their ``aggregate``; ``sent[r]``: the coordinates
+    whose value rank r put into the aggregate. The rules (README, "NaN/Inf:"):
+
+    * a finite step: the aggregate at ``union``, 0 elsewhere; rank r's residual is its
+      ``a_t`` except at ``sent[r]``, where it keeps what the wire lost, ``a - wire(a)``
+      (0 in full precision, the float16 rounding error with ``fp16_values``);
+    * a non-finite step (a NaN/Inf in some rank's ``a_t`` or in the aggregate): NaN
+      everywhere; each residual keeps its ``a_t`` with the non-finite entries and the
+      coordinates of non-finite aggregates set to 0, nothing else.
+
+    Returns ``(gradient, residuals, finite)``.
+    """
+    finite = bool(torch.isfinite(aggregate).all()) and all(
+        bool(torch.isfinite(a).all()) for a in acc)
+    out = torch.zeros_like(acc[0])
+    residual = [a.clone() for a in acc]
+    if finite:
+        out[union] = aggregate
+        for res, a, s in zip(residual, acc, sent):
+            res[s] = a[s] - wire(a[s])
+    else:
+        out.fill_(math.nan)
+        bad = union[~torch.isfinite(aggregate)]
+        for res in residual:
+            torch.nan_to_num_(res, nan=0.0, posinf=0.0, neginf=0.0)
+            res[bad] = 0.0
+    if not error_feedback:
+        residual = [torch.zeros_like(a) for a in acc]
+    return out, residual, finite
 
 
 def contiguous_parts(numel: int, n: int) -> list[tuple[int, int]]:
@@ -43,16 +111,18 @@ def contiguous_parts(numel: int, n: int) -> list[tuple[int, int]]:
 
 def simulate_micro(grads: list[list[torch.Tensor]], thresholds: list[float], n: int,
                    average: bool = True, error_feedback: bool = True,
-                   probe: float = 1.25) -> list[dict]:
-    """MiCRO on n simulated workers. ``grads[t][r]`` is rank r's gradient at iteration t.
+                   probe: float = 1.25, wire=identity) -> list[dict]:
+    """MiCRO on n simulated workers. ``grads[t][r]`` is rank r's gradient at iteration t
+    (any float dtype: the residuals and the result take it).
 
     Returns per iteration: the aggregated gradient, each rank's selection, each rank's
-    residual after the exchange, and how many selected entries reach ``probe`` times the
-    threshold (what the density controller measures its slope from).
+    residual after the exchange, how many selected entries reach ``probe`` times the
+    threshold (what the density controller measures its slope from), and whether the step
+    was finite (:func:`exchange_outcome`).
     """
     numel = grads[0][0].numel()
     parts = contiguous_parts(numel, n)
-    residual = [torch.zeros(numel) for _ in range(n)]
+    residual = [torch.zeros(numel, dtype=grads[0][0].dtype) for _ in range(n)]
     history = []
     for t, threshold in enumerate(thresholds):
         acc = [(residual[r] if error_feedback else 0) + grads[t][r] for r in range(n)]
@@ -64,25 +134,23 @@ def simulate_micro(grads: list[list[torch.Tensor]], thresholds: list[float], n: 
         above_probe = sum(int((acc[r][sel].abs() >= threshold * probe).sum())
                           for r, sel in enumerate(selections))
         union = torch.cat(selections)
-        summed = sum(acc[r][union] for r in range(n))
-        out = torch.zeros(numel)
-        out[union] = summed / n if average else summed
-        for r in range(n):
-            residual[r] = acc[r].clone()
-            residual[r][union] = 0.0
-            if not error_feedback:
-                residual[r].zero_()
+        summed = allreduce_sum([acc[r][union] for r in range(n)], wire)
+        out, residual, finite = exchange_outcome(acc, union, summed / n if average else summed,
+                                                 [union] * n, wire, error_feedback)
         history.append({"grad": out, "selections": selections, "above_probe": above_probe,
-                        "residual": [x.clone() for x in residual]})
+                        "residual": [x.clone() for x in residual], "finite": finite})
     return history
 
 
 def feed_gradients(opt, param: torch.nn.Parameter, rank: int, iterations: int,
-                   numel: int, seed: int = 0, skew: float = 0.0, step: bool = True):
-    """Drive ``opt`` with ``rank_gradient`` for ``iterations`` exchanges; yield per iteration
+                   numel: int, seed: int = 0, skew: float = 0.0, step: bool = True,
+                   inject=()):
+    """Drive ``opt`` with ``rank_gradient`` (in ``param``'s dtype, with ``inject`` as in
+    :func:`injected_gradient`) for ``iterations`` exchanges; yield per iteration
     (exchanged gradient, stats, residual after the exchange)."""
     for t in range(iterations):
-        param.grad = rank_gradient(rank, t, numel, seed, skew)
+        param.grad = (injected_gradient(rank, t, numel, seed, param.dtype, inject) if inject
+                      else rank_gradient(rank, t, numel, seed, skew, param.dtype))
         opt.synchronize()
         grad = param.grad.detach().clone()
         residual = opt.state_dict()["horovod_micro"]["residual"]

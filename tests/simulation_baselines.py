@@ -8,7 +8,9 @@ horovod_micro code.
 ``grads[t][r]`` is rank r's gradient at iteration t. Each function returns, per iteration,
 ``{"grad": aggregated gradient, "residual": [per-rank residual after the exchange],
 "selections": [per-rank selected coordinates], ...}``. ``wire`` rounds values as they are
-sent (identity, or a float16 round trip for ``fp16_values``).
+sent (identity, or a float16 round trip for ``fp16_values``). Every method ends its step
+with :func:`simulation.exchange_outcome`: where a rank's value went into the aggregate its
+residual keeps only what the wire lost; non-finite steps follow the README's rule.
 """
 
 from __future__ import annotations
@@ -17,14 +19,12 @@ import math
 from collections.abc import Callable
 
 import torch
-
-
-def identity(values: torch.Tensor) -> torch.Tensor:
-    return values
-
-
-def fp16_round_trip(values: torch.Tensor) -> torch.Tensor:
-    return values.half().float()
+from simulation import (
+    allreduce_sum,
+    exchange_outcome,
+    fp16_round_trip,  # noqa: F401  (the tests import it from here)
+    identity,
+)
 
 
 def _local_topk(acc: torch.Tensor, k: int) -> torch.Tensor:
@@ -39,36 +39,27 @@ def _step(grads_t, residual, error_feedback):
     return [(residual[r] if error_feedback else 0) + g for r, g in enumerate(grads_t)]
 
 
-def _zero_at(acc, coordinates, error_feedback):
-    out = []
-    for a, c in zip(acc, coordinates):
-        kept = a.clone()
-        kept[c] = 0.0
-        out.append(kept if error_feedback else torch.zeros_like(a))
-    return out
-
-
 def simulate_own_choice(grads, n: int, choose: Callable[[torch.Tensor], torch.Tensor],
                         average: bool = True, error_feedback: bool = True,
                         wire: Callable = identity) -> list[dict]:
     """Top-k / hard threshold: each rank picks its own coordinates and sends (index, value)
-    pairs; the aggregate sums per coordinate; each rank's residual is zeroed only where it
+    pairs; the aggregate sums per coordinate; each rank's residual is cleared only where it
     sent a value."""
-    numel = grads[0][0].numel()
-    residual = [torch.zeros(numel) for _ in range(n)]
+    numel, dtype = grads[0][0].numel(), grads[0][0].dtype
+    residual = [torch.zeros(numel, dtype=dtype) for _ in range(n)]
     history = []
     for grads_t in grads:
         acc = _step(grads_t, residual, error_feedback)
         picks = [choose(a) for a in acc]
-        total = torch.zeros(numel)
+        total = torch.zeros(numel, dtype=dtype)
         for a, p in zip(acc, picks):
             total[p] += wire(a[p])
-        union = sorted(set().union(*(p.tolist() for p in picks)))
-        out = torch.zeros(numel)
-        out[union] = _finish(total[union], n, average)
-        residual = _zero_at(acc, picks, error_feedback)
+        union = torch.tensor(sorted(set().union(*(p.tolist() for p in picks))),
+                             dtype=torch.long)
+        out, residual, finite = exchange_outcome(acc, union, _finish(total[union], n, average),
+                                                 picks, wire, error_feedback)
         history.append({"grad": out, "residual": residual, "selections": picks,
-                        "union": union})
+                        "union": union.tolist(), "finite": finite})
     return history
 
 
@@ -90,17 +81,18 @@ def simulate_common(grads, n: int, coordinates_at: Callable[[int, list], torch.T
                     average: bool = True, error_feedback: bool = True,
                     wire: Callable = identity) -> list[dict]:
     """CLT-k / Random-k: one set of coordinates per iteration for all ranks; every rank sends
-    its value there (one sum); every rank's residual is zeroed there."""
-    numel = grads[0][0].numel()
-    residual = [torch.zeros(numel) for _ in range(n)]
+    its value there (one sum); every rank's residual is cleared there."""
+    numel, dtype = grads[0][0].numel(), grads[0][0].dtype
+    residual = [torch.zeros(numel, dtype=dtype) for _ in range(n)]
     history = []
     for t, grads_t in enumerate(grads):
         acc = _step(grads_t, residual, error_feedback)
         chosen = coordinates_at(t, acc)
-        out = torch.zeros(numel)
-        out[chosen] = _finish(sum(wire(a[chosen]) for a in acc), n, average)
-        residual = _zero_at(acc, [chosen] * n, error_feedback)
-        history.append({"grad": out, "residual": residual, "chosen": chosen})
+        aggregate = _finish(allreduce_sum([a[chosen] for a in acc], wire), n, average)
+        out, residual, finite = exchange_outcome(acc, chosen, aggregate, [chosen] * n, wire,
+                                                 error_feedback)
+        history.append({"grad": out, "residual": residual, "chosen": chosen,
+                        "finite": finite})
     return history
 
 
@@ -121,15 +113,15 @@ def simulate_gtopk(grads, n: int, k: int, average: bool = True, error_feedback: 
     """gTop-k as a recursion over a binomial tree. A sparse set is a dict
     ``coordinate -> (summed value, set of ranks whose value is in the sum)``; a merge adds
     the two sums (the child's rounded by ``wire``, as sent) and keeps the k largest.
-    A rank's residual is zeroed at the final coordinates whose contributor set holds it.
+    A rank's residual is cleared at the final coordinates whose contributor set holds it.
 
     Also returns each rank's bytes (sent, received) under the implementation's message
     format: 8-byte count, indices, values, down messages one bit per coordinate; one
     alltoall per round with Horovod's 4 (n - 1)-byte split exchange; 12-byte header
     allgather first.
     """
-    numel = grads[0][0].numel()
-    residual = [torch.zeros(numel) for _ in range(n)]
+    numel, dtype = grads[0][0].numel(), grads[0][0].dtype
+    residual = [torch.zeros(numel, dtype=dtype) for _ in range(n)]
     levels = math.ceil(math.log2(n)) if n > 1 else 0
     history = []
     for grads_t in grads:
@@ -145,14 +137,13 @@ def simulate_gtopk(grads, n: int, k: int, average: bool = True, error_feedback: 
             sent[parent] += down
             received[r] += down
         coords = list(final)
-        out = torch.zeros(numel)
-        values = wire(torch.tensor([final[i][0] for i in coords]))
-        out[coords] = _finish(values, n, average)
+        values = wire(torch.tensor([final[i][0] for i in coords], dtype=dtype))
         contributed = [[i for i in coords if r in final[i][1]] for r in range(n)]
-        residual = _zero_at(acc, [torch.tensor(c, dtype=torch.long) for c in contributed],
-                            error_feedback)
+        out, residual, finite = exchange_outcome(
+            acc, torch.tensor(coords, dtype=torch.long), _finish(values, n, average),
+            [torch.tensor(c, dtype=torch.long) for c in contributed], wire, error_feedback)
         local = [_local_topk(a, k).tolist() for a in acc]
-        history.append({"grad": out, "residual": residual, "final": coords,
+        history.append({"grad": out, "residual": residual, "final": coords, "finite": finite,
                         "contributed": contributed, "local": local, "bytes_sent": sent,
                         "bytes_received": received})
     return history
@@ -172,15 +163,18 @@ def _subtree(root: int, level: int, acc, k, n, wire, pair_bytes, sent, received)
     size = 8 + len(theirs) * pair_bytes
     sent[child] += size
     received[root] += size
-    rounded = wire(torch.tensor([v for v, _ in theirs.values()]))
+    dtype = acc[0].dtype
+    rounded = wire(torch.tensor([v for v, _ in theirs.values()], dtype=dtype))
     merged = {i: (v, set(who)) for i, (v, who) in mine.items()}
     for (i, (_, who)), v in zip(theirs.items(), rounded.tolist()):
-        if i in merged:  # float32 addition, as on the wire
-            total = torch.tensor([merged[i][0]]) + torch.tensor([v])
+        if i in merged:  # addition in the residual's dtype, as on the rank
+            total = torch.tensor([merged[i][0]], dtype=dtype) + torch.tensor([v], dtype=dtype)
             merged[i] = (float(total), merged[i][1] | who)
         else:
             merged[i] = (v, set(who))
-    ranked = sorted(merged, key=lambda i: -abs(merged[i][0]))[:k]
+    # Largest |sum| first; NaN ranks above everything, as in torch.topk.
+    ranked = sorted(merged, key=lambda i: (not math.isnan(merged[i][0]),
+                                           -abs(merged[i][0])))[:k]
     return {i: merged[i] for i in sorted(ranked)}
 
 

@@ -3,13 +3,13 @@
 import pytest
 import torch
 from multirank import run_ranks
-from simulation import contiguous_parts, rank_gradient, simulate_micro
+from simulation import contiguous_parts, fp16_round_trip, identity, rank_gradient, simulate_micro
 
 from horovod_micro.density_controller import DensityController
 
 
 def _check_against_simulation(results, n, numel, iterations, seed, skew, average=True,
-                              error_feedback=True, rtol=1e-5, atol=1e-7):
+                              error_feedback=True, rtol=1e-5, atol=1e-7, wire=identity):
     traces = [r.value for r in results]
     # Identical thresholds on every rank, bit for bit, every iteration.
     for t in range(iterations):
@@ -18,7 +18,7 @@ def _check_against_simulation(results, n, numel, iterations, seed, skew, average
     grads = [[rank_gradient(r, t, numel, seed, skew) for r in range(n)]
              for t in range(iterations)]
     sim = simulate_micro(grads, thresholds, n, average=average,
-                         error_feedback=error_feedback)
+                         error_feedback=error_feedback, wire=wire)
     parts = contiguous_parts(numel, n)
     for t in range(iterations):
         want = sim[t]
@@ -77,7 +77,7 @@ def test_fp16_values_on_the_wire():
                         kwargs={"numel": numel, "iterations": iterations, "density": 0.02,
                                 "seed": seed, "fp16_values": True})
     traces = _check_against_simulation(results, 2, numel, iterations, seed, 0.0,
-                                       rtol=2e-3, atol=1e-4)
+                                       rtol=2e-3, atol=1e-4, wire=fp16_round_trip)
     # Values travel as 2 bytes: a 2-rank ring allreduce moves 2 x 2 bytes per value,
     # half of what float32 would.
     counts = traces[0][1]["rank_counts"]

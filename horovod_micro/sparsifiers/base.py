@@ -62,9 +62,11 @@ class Reduced:
 
     Attributes:
         indices: distinct coordinates that received an aggregate (int32 or int64).
-        values: the aggregate at ``indices`` (float32), ``op`` already applied.
+        values: the aggregate at ``indices``, ``op`` already applied, in the flat buffer's
+            dtype (``acc.dtype``, see :mod:`horovod_micro.reducer`): never narrower.
         contributed: this rank's coordinates whose value went into the aggregate; error
-            feedback zeroes exactly these in this rank's residual.
+            feedback clears exactly these in this rank's residual on a finite step
+            (keeping only :meth:`Sparsifier.wire_error`, 0 in full precision).
         gathered: the per-rank selections and statuses from the index exchange.
         threshold: the threshold used, for methods that have one.
     """
@@ -83,7 +85,8 @@ class Sparsifier:
         density: wanted fraction of coordinates exchanged per iteration, in (0, 1].
         error_feedback: keep what was not sent in a residual and add it to the next
             gradient (on by default; off reproduces the ablation of Sahu et al.).
-        fp16_values: send values as float16 on the wire; residuals stay float32.
+        fp16_values: send values as float16 on the wire; residuals keep the flat buffer's
+            dtype (float32 or float64).
     """
 
     name = "sparse"
@@ -149,7 +152,21 @@ class Sparsifier:
         scale whatever is measured in them (default: nothing)."""
 
     def wire(self, values: torch.Tensor) -> torch.Tensor:
+        """``values`` as they travel: float16 with ``fp16_values``."""
         return values.to(torch.float16) if self.fp16_values else values
+
+    def wire_error(self, values: torch.Tensor) -> torch.Tensor:
+        """What of ``values`` does not survive :meth:`wire`: ``a - float(half(a))`` with
+        ``fp16_values``, else zeros. Error feedback keeps it in the residual where the
+        value was sent, so the rounding is paid back later instead of lost.
+
+        For gTop-k this is the rounding of the rank's own value: exact for a rank whose
+        message holds only its own values, an approximation for an inner tree node or the
+        root, whose rounded messages also carry other ranks' values (that remainder belongs
+        to no single rank)."""
+        if not self.fp16_values:
+            return torch.zeros_like(values)
+        return values - self.wire(values).to(values.dtype)
 
     # ----- Horovod's Compressor shape ------------------------------------------------
     def compress(self, tensor: torch.Tensor, iteration: int = 0

@@ -13,8 +13,10 @@ Per iteration ``t`` on rank ``r`` of ``n``:
 3. Each rank takes its *own* ``a_t`` at the union and the ranks allreduce those values:
    every selected coordinate carries the full n-rank sum, chosen by its part's owner.
    Traffic per rank is O(k), independent of ``n``.
-4. Every rank zeroes its residual at the union (it sent its value there).
-5. The threshold is steered from the global count (:mod:`horovod_micro.density_controller`), which
+4. Every rank zeroes its residual at the union (it sent its value there; with
+   ``fp16_values`` it keeps the rounding error, :meth:`Sparsifier.wire_error`).
+5. The threshold is steered from the global count
+   (:mod:`horovod_micro.density_controller`), which
    every rank knows after step 2, so all thresholds stay identical with no extra message.
 """
 
@@ -92,7 +94,8 @@ class MicroCompressor(Sparsifier):
         values = self.wire(acc.index_select(0, union))
         values = allreduce_values(self.comm, values, traffic, reduction.op,
                                   reduction.prescale, reduction.postscale)
-        return Reduced(union, values.float(), union, gathered, self.controller.threshold)
+        return Reduced(union, values.to(acc.dtype), union, gathered,
+                       self.controller.threshold)
 
     def observe(self, reduced: Reduced) -> None:
         self.controller.update(int(reduced.indices.numel()), sum(reduced.gathered.aux))
