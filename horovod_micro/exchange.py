@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 import horovod.torch as hvd
 import torch
 
-from .stats import ring_allgather_bytes, ring_allreduce_bytes, ring_broadcast_bytes
+from .stats import ring_allgather_bytes, ring_allreduce_bytes
 
 # Status codes carried in the block header. Non-zero codes above NONFINITE are errors.
 OK = 0
@@ -165,17 +165,6 @@ def allgather_values(comm: Comm, values: torch.Tensor, counts: list[int], traffi
     traffic.seconds += time.perf_counter() - start
     traffic.add(ring_allgather_bytes([c * values.element_size() for c in counts], comm.rank))
     return gathered
-
-
-def broadcast_tensor(comm: Comm, tensor: torch.Tensor, root: int, traffic: Traffic,
-                     role: str = "broadcast") -> torch.Tensor:
-    """Broadcast ``tensor`` (same shape on every rank) from set-rank ``root``, in place."""
-    start = time.perf_counter()
-    hvd.broadcast_(tensor, root_rank=root, name=comm.name(role), process_set=comm.process_set)
-    traffic.seconds += time.perf_counter() - start
-    traffic.add(ring_broadcast_bytes(tensor.numel() * tensor.element_size(), comm.rank, root,
-                                     comm.size))
-    return tensor
 
 
 def allgather_object(comm: Comm, obj) -> list:

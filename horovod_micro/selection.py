@@ -1,6 +1,7 @@
 """Local selection primitives shared by the sparsifiers.
 
-``select_above`` is MiCRO's selection: the indices of ``|x| >= threshold`` in one pass.
+:class:`ThresholdSelector` is MiCRO's selection: the indices of ``|x| >= threshold`` in one
+pass.
 On CPU float32 it calls the native kernel in ``_native/select.c`` (one read of the data);
 elsewhere it uses torch ops, which on a GPU are bandwidth-bound anyway. Which path runs is
 decided by the flat buffer's dtype (the rule is in :mod:`horovod_micro.reducer`): float32

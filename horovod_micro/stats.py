@@ -11,9 +11,7 @@ NCCL use for large messages):
 
 * allgather of blocks ``b_0 .. b_{n-1}`` bytes: rank ``r`` receives every block but its
   own and sends every block but its successor's;
-* allreduce of ``m`` bytes: each rank sends and receives ``2 (n - 1) / n * m``;
-* broadcast of ``m`` bytes (pipelined ring): the root sends ``m``, the last rank
-  receives ``m`` and sends nothing, the others receive and forward ``m``.
+* allreduce of ``m`` bytes: each rank sends and receives ``2 (n - 1) / n * m``.
 """
 
 from __future__ import annotations
@@ -93,21 +91,15 @@ def ring_allreduce_bytes(nbytes: int, size: int) -> tuple[int, int]:
     return moved, moved
 
 
-def ring_broadcast_bytes(nbytes: int, rank: int, root: int, size: int) -> tuple[int, int]:
-    """(sent, received) bytes of ``rank`` in a pipelined ring broadcast from ``root``."""
-    if size <= 1:
-        return 0, 0
-    position = (rank - root) % size
-    sent = nbytes if position < size - 1 else 0
-    received = nbytes if position > 0 else 0
-    return sent, received
-
-
 class StatsLog:
-    """Writes :class:`StepStats` as JSON Lines; usable as ``stats_callback``."""
+    """Writes :class:`StepStats` as JSON Lines; usable as ``stats_callback``.
+
+    Each record is flushed as it is written, so a run that crashes or is killed leaves
+    every completed step on disk (and ``tail -f`` follows a live run)."""
 
     def __init__(self, stream: IO[str]):
         self.stream = stream
 
     def __call__(self, stats: StepStats) -> None:
         self.stream.write(json.dumps(stats.to_dict()) + "\n")
+        self.stream.flush()

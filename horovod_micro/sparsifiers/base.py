@@ -131,7 +131,7 @@ class Sparsifier:
     @property
     def target_count(self) -> int:
         """``k = floor(density * N)``."""
-        return max(1, math.floor(self.density * self.numel))
+        return math.floor(self.density * self.numel)  # >= 1: bind_error rejects 0
 
     # ----- the pipeline --------------------------------------------------------------
     def select(self, acc: torch.Tensor, iteration: int) -> torch.Tensor:
