@@ -264,16 +264,22 @@ def _linear_input(rank):
     return torch.ones(1, 1) + 0.5 * rank, torch.ones(1, 1)
 
 
-def gradient_clipping(mode, density):
-    """``synchronize()``, clip the exchanged gradient, ``step()`` inside
-    ``skip_synchronize()``: the step uses the clipped gradient, no second exchange."""
-    model = _linear_one()
+def _synchronized_linear(mode, density, **weight):
+    """The one-weight linear model, wrapped, after one backward and ``synchronize()``."""
+    model = _linear_one(**weight)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     opt = _wrap(torch.optim.SGD(model.parameters(), lr=0.1), model, mode, density)
     x, y = _linear_input(hvd.rank())
     opt.zero_grad()
     torch.nn.functional.mse_loss(model(x), y).backward()
     opt.synchronize()
+    return model, opt
+
+
+def gradient_clipping(mode, density):
+    """``synchronize()``, clip the exchanged gradient, ``step()`` inside
+    ``skip_synchronize()``: the step uses the clipped gradient, no second exchange."""
+    model, opt = _synchronized_linear(mode, density)
     prior = flat_grads(model)
     torch.nn.utils.clip_grad_norm_(model.parameters(), 0.1)
     clipped = flat_grads(model)
@@ -287,13 +293,7 @@ def gradient_clipping(mode, density):
 def step_warning(mode, density):
     """``synchronize()`` then ``step()`` outside ``skip_synchronize()``: one warning, and
     the step exchanges again."""
-    model = _linear_one(weight=0.3)
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    opt = _wrap(torch.optim.SGD(model.parameters(), lr=0.1), model, mode, density)
-    x, y = _linear_input(hvd.rank())
-    opt.zero_grad()
-    torch.nn.functional.mse_loss(model(x), y).backward()
-    opt.synchronize()
+    model, opt = _synchronized_linear(mode, density, weight=0.3)
     torch.nn.utils.clip_grad_norm_(model.parameters(), 0.1)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
