@@ -93,6 +93,28 @@ class Comm:
     def name(self, role: str) -> str:
         return f"{self.prefix}.{role}"
 
+    # The three collectives every sparse exchange is built from. Everything in this module
+    # goes through them, so an in-process group (horovod_micro.loopback) can stand in for
+    # Horovod in unit tests of a sparsifier.
+    def allgather(self, tensor: torch.Tensor, role: str) -> torch.Tensor:
+        """Every rank's ``tensor`` concatenated along dim 0, in rank order."""
+        return hvd.allgather(tensor, name=self.name(role), process_set=self.process_set)
+
+    def allreduce_(self, tensor: torch.Tensor, role: str, op, prescale: float,
+                   postscale: float) -> torch.Tensor:
+        """Horovod's ``allreduce_``: ``postscale * sum(prescale * x)`` (``/ size`` for
+        ``op=hvd.Average``), in place."""
+        return hvd.allreduce_(tensor, name=self.name(role), op=op, prescale_factor=prescale,
+                              postscale_factor=postscale, process_set=self.process_set)
+
+    def alltoall(self, tensor: torch.Tensor, splits: list[int],
+                 role: str) -> tuple[torch.Tensor, list[int]]:
+        """Rows ``splits[d]`` of ``tensor`` to rank ``d``; what arrived, and its row counts
+        by source rank."""
+        output, received = hvd.alltoall(tensor, splits=torch.tensor(splits, dtype=torch.int32),
+                                        name=self.name(role), process_set=self.process_set)
+        return output, [int(c) for c in received]
+
 
 @dataclass
 class Gathered:
@@ -127,7 +149,7 @@ def gather_indices(comm: Comm, indices: torch.Tensor, status: int, traffic: Traf
                           device=indices.device)
     block = torch.cat([header, indices])
     start = time.perf_counter()
-    gathered = hvd.allgather(block, name=comm.name(role), process_set=comm.process_set)
+    gathered = comm.allgather(block, role)
     traffic.seconds += time.perf_counter() - start
 
     host = gathered if gathered.device.type == "cpu" else gathered.cpu()
@@ -150,8 +172,7 @@ def allreduce_values(comm: Comm, values: torch.Tensor, traffic: Traffic, op,
     if values.numel() == 0:
         return values
     start = time.perf_counter()
-    hvd.allreduce_(values, name=comm.name(role), op=op, prescale_factor=prescale,
-                   postscale_factor=postscale, process_set=comm.process_set)
+    comm.allreduce_(values, role, op, prescale, postscale)
     traffic.seconds += time.perf_counter() - start
     traffic.add(ring_allreduce_bytes(values.numel() * values.element_size(), comm.size))
     return values
@@ -161,7 +182,7 @@ def allgather_values(comm: Comm, values: torch.Tensor, counts: list[int], traffi
                      role: str = "pair-values") -> torch.Tensor:
     """Allgather per-rank value vectors whose lengths ``counts`` are already known."""
     start = time.perf_counter()
-    gathered = hvd.allgather(values, name=comm.name(role), process_set=comm.process_set)
+    gathered = comm.allgather(values, role)
     traffic.seconds += time.perf_counter() - start
     traffic.add(ring_allgather_bytes([c * values.element_size() for c in counts], comm.rank))
     return gathered
@@ -171,9 +192,8 @@ def allgather_object(comm: Comm, obj) -> list:
     """Every rank's picklable ``obj``, by rank (``hvd.allgather_object`` of Horovod 0.28
     takes no process set)."""
     payload = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
-    sizes = hvd.allgather(torch.tensor([payload.numel()]), name=comm.name("object-sizes"),
-                          process_set=comm.process_set).tolist()
-    data = hvd.allgather(payload, name=comm.name("object"), process_set=comm.process_set)
+    sizes = comm.allgather(torch.tensor([payload.numel()]), "object-sizes").tolist()
+    data = comm.allgather(payload, "object")
     return [pickle.loads(chunk.numpy().tobytes()) for chunk in torch.split(data, sizes)]
 
 
@@ -219,8 +239,7 @@ def alltoall_tensor(comm: Comm, tensor: torch.Tensor, splits: list[int], traffic
     rank of the set must still call it (Horovod has no send/recv), possibly with nothing.
     """
     start = time.perf_counter()
-    output, received = hvd.alltoall(tensor, splits=torch.tensor(splits, dtype=torch.int32),
-                                    name=comm.name(role), process_set=comm.process_set)
+    output, received = comm.alltoall(tensor, splits, role)
     traffic.seconds += time.perf_counter() - start
     received = [int(c) for c in received]
     row_bytes = tensor.element_size() * math.prod(tensor.shape[1:])

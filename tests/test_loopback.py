@@ -1,0 +1,94 @@
+"""Every registered method on n in-process ranks (horovod_micro.loopback) equals the same
+independent simulations the multi-rank tests use: a sparsifier's unit tests in
+milliseconds, no horovodrun. (The real multi-rank tests stay: tests/test_baselines.py,
+tests/test_micro_exchange.py.)"""
+
+from types import SimpleNamespace
+
+import horovod.torch as hvd
+import pytest
+import torch
+from ranks_baselines import _record
+from simulation import rank_gradient, simulate_micro
+from test_baselines import ALL_METHODS, ITERATIONS, NUMEL, SEED, VARIANTS, check_traces
+
+import horovod_micro as hvm
+from horovod_micro.loopback import LoopbackGroup
+from horovod_micro.reducer import FlatLayout, SparseReducer
+from horovod_micro.sparsifiers import registry
+from horovod_micro.sparsifiers.base import Reduction
+
+SPECS = {spec["label"]: spec for spec in ALL_METHODS + VARIANTS}
+
+
+def loopback_traces(n, method, kwargs, op="average", iterations=ITERATIONS):
+    """Per rank: the exchanged gradient, residual and statistics of each iteration."""
+
+    def rank_body(comm):
+        compression = getattr(hvm.Compression, method)(**kwargs)
+        param = torch.nn.Parameter(torch.zeros(NUMEL))
+        reducer = SparseReducer(FlatLayout([("flat", param)]), compression, comm,
+                                Reduction(hvd.Average if op == "average" else hvd.Sum))
+        out = []
+        for t in range(iterations):
+            param.grad = rank_gradient(comm.rank, t, NUMEL, SEED)
+            stats = reducer.reduce()
+            out.append(_record(param.grad, stats, reducer.residual))
+        return out
+
+    return LoopbackGroup(n).run(rank_body)
+
+
+def test_specs_cover_every_registered_method():
+    assert {s["method"] for s in SPECS.values()} | {"micro"} == set(registry.names())
+
+
+@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("label", sorted(SPECS))
+def test_baseline_on_loopback_ranks_equals_simulation(label, n):
+    spec = SPECS[label]
+    per_rank = loopback_traces(n, spec["method"], spec["kwargs"], spec["op"])
+    results = [SimpleNamespace(value={"traces": {label: trace}}) for trace in per_rank]
+    check_traces(results, [spec], n)
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_micro_on_loopback_ranks_equals_simulation(n):
+    per_rank = loopback_traces(n, "micro", {"density": 0.02})
+    thresholds = [step["threshold"] for step in per_rank[0]]
+    grads = [[rank_gradient(r, t, NUMEL, SEED) for r in range(n)] for t in range(ITERATIONS)]
+    sim = simulate_micro(grads, thresholds, n)
+    for r, trace in enumerate(per_rank):
+        assert [step["threshold"] for step in trace] == thresholds  # identical on every rank
+        for t, step in enumerate(trace):
+            torch.testing.assert_close(torch.tensor(step["grad"]), sim[t]["grad"])
+            torch.testing.assert_close(torch.tensor(step["residual"]), sim[t]["residual"][r])
+            assert step["rank_counts"] == [len(s) for s in sim[t]["selections"]]
+
+
+def test_a_failing_rank_fails_the_group_instead_of_hanging():
+    def body(comm):
+        if comm.rank == 1:
+            raise ValueError("rank 1 is broken")
+        return comm.allgather(torch.ones(2), "x")
+
+    with pytest.raises(ValueError, match="rank 1 is broken"):
+        LoopbackGroup(3, timeout=30).run(body)
+
+
+def test_loopback_collectives_follow_horovods_semantics():
+    def body(comm):
+        r = comm.rank
+        gathered = comm.allgather(torch.full((r + 1,), float(r)), "g")
+        averaged = comm.allreduce_(torch.tensor([1.0, 2.0]) * (r + 1), "a", hvd.Average,
+                                   0.5, 3.0)
+        summed = comm.allreduce_(torch.tensor([float(r)]), "s", hvd.Sum, 1.0, 1.0)
+        out, counts = comm.alltoall(torch.arange(3.0) + 10 * r, [1, 2, 0][: comm.size], "t")
+        return gathered.tolist(), averaged.tolist(), summed.tolist(), out.tolist(), counts
+
+    got = LoopbackGroup(2).run(body)
+    assert got[0][0] == got[1][0] == [0.0, 1.0, 1.0]
+    assert got[0][1] == [3 * 0.5 * 3 / 2, 3 * 0.5 * 6 / 2]  # postscale * sum(pre * x) / n
+    assert got[0][2] == got[1][2] == [1.0]
+    assert got[0][3] == [0.0, 10.0] and got[0][4] == [1, 1]
+    assert got[1][3] == [1.0, 2.0, 11.0, 12.0] and got[1][4] == [2, 2]
