@@ -255,7 +255,7 @@ def test_launchers_refuse_bad_settings():
 
     assert "--hosts or --hostfile" in fails("multi_node.sh")
     assert "exceeds" in fails("multi_node.sh", "--hosts", "n1:8", "--np", "16")
-    assert "unknown compressor" in fails("single_node.sh", "--compressors", "nonsense")
+    assert "invalid choice: 'nonsense'" in fails("single_node.sh", "--compressors", "nonsense")
     assert "density" in fails("single_node.sh", "--densities", "2")
     assert "(0..77)" in fails("slurm.sbatch", "--hosts", "n1:8", "--index", "78")
     assert "--submit needs --launcher slurm" in fails("single_node.sh", "--submit")
