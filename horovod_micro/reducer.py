@@ -116,10 +116,10 @@ class SparseReducer:
         sq_norm = float(torch.dot(acc, acc))
         if status == OK and not _all_finite(acc, sq_norm):
             status = NONFINITE
-        indices = self.sparsifier.select(acc, self.iteration)
+        selection = self.sparsifier.select(acc, self.iteration)
 
         traffic = Traffic()
-        reduced = self.sparsifier.exchange(acc, indices, status, self.iteration,
+        reduced = self.sparsifier.exchange(acc, selection, status, self.iteration,
                                            self.reduction, traffic)
         # The exchange succeeded: a_t becomes the residual, the old residual's buffer the
         # output.

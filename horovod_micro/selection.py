@@ -53,23 +53,22 @@ def index_dtype(numel: int) -> torch.dtype:
 
 
 class ThresholdSelector:
-    """Selects ``|x| >= threshold`` in a contiguous segment, reusing its output buffer.
+    """Selects ``|x| >= threshold`` in a contiguous segment.
 
-    The buffer starts at ``capacity`` entries and grows (never drops an index) whenever a
-    selection needs more.
+    The native kernel writes into an uninitialised buffer of ``capacity`` entries (an
+    allocation, no pass over it); the capacity grows, and the selection is redone,
+    whenever a selection needs more, so no index is ever dropped. Each call returns a
+    tensor of its own.
     """
 
     def __init__(self, capacity: int = 1024, use_native: bool = True):
-        self._buffer = torch.empty(max(int(capacity), 1), dtype=torch.int32)
+        self.capacity = max(int(capacity), 1)
         self.use_native = use_native and native_available()
 
     def __call__(self, segment: torch.Tensor, threshold: float, offset: int,
                  numel: int) -> torch.Tensor:
-        """Indices (``offset``-based, dtype ``index_dtype(numel)``) of ``|segment| >= threshold``.
-
-        The result may share memory with the selector's buffer: it is valid until the next
-        call.
-        """
+        """Indices (``offset``-based, dtype ``index_dtype(numel)``) of
+        ``|segment| >= threshold``."""
         if (
             self.use_native
             and segment.device.type == "cpu"
@@ -84,9 +83,9 @@ class ThresholdSelector:
     def _native(self, segment: torch.Tensor, threshold: float, offset: int) -> torch.Tensor:
         n = segment.numel()
         while True:
-            cap = self._buffer.numel()
+            buffer = torch.empty(self.capacity, dtype=torch.int32)
             count = _native_select(segment.data_ptr(), n, threshold, offset,
-                                   self._buffer.data_ptr(), cap)
-            if count <= cap:
-                return self._buffer[:count]
-            self._buffer = torch.empty(int(count * 1.5) + 1, dtype=torch.int32)
+                                   buffer.data_ptr(), self.capacity)
+            if count <= self.capacity:
+                return buffer[:count]
+            self.capacity = int(count * 1.5) + 1

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import torch
 
-from horovod_micro.exchange import SelectedCounts, allreduce_values, gather_indices
+from horovod_micro.exchange import SelectedCounts, allreduce_values
 from horovod_micro.selection import index_dtype
-from horovod_micro.sparsifiers.base import Reduced, Sparsifier
+from horovod_micro.sparsifiers.base import Reduced, Selection, Sparsifier
 from horovod_micro.sparsifiers.registry import register
 
 
@@ -30,14 +30,14 @@ class CyclicBlockCompressor(Sparsifier):
 
     name = "cyclicblock"
 
-    def select(self, acc: torch.Tensor, iteration: int) -> torch.Tensor:
+    def select(self, acc: torch.Tensor, iteration: int) -> Selection:
         chosen = block(self.numel, self.target_count, iteration)
-        return chosen.to(device=acc.device, dtype=index_dtype(self.numel))
+        # Every rank knows the block: only the header is gathered.
+        return Selection(chosen.to(device=acc.device, dtype=index_dtype(self.numel)),
+                         announced=False)
 
-    def exchange(self, acc, indices, status, iteration, reduction, traffic) -> Reduced:
-        gathered = gather_indices(self.comm, indices[:0], status, traffic)
-        gathered.raise_errors()
-        chosen = indices.long()
+    def combine(self, acc, selection, gathered, iteration, reduction, traffic) -> Reduced:
+        chosen = selection.indices.long()
         values = allreduce_values(self.comm, self.wire(acc.index_select(0, chosen)), traffic,
                                   reduction.op, reduction.prescale, reduction.postscale)
         counts = SelectedCounts(gathered.per_rank, gathered.statuses, gathered.aux,

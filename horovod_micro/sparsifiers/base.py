@@ -6,11 +6,20 @@ A sparsifier answers three questions for the optimizer's pipeline
 
     flatten -> add residual -> select -> exchange -> average -> update residual -> step
                                ^^^^^^    ^^^^^^^^
-    select(acc, iteration)      this rank's candidate indices (local, no communication)
-    exchange(acc, indices, ...) the collective pattern; returns the aggregated coordinates
-                                and which of this rank's coordinates were sent
-    observe(reduced)            what the sparsifier learns from the result (e.g. MiCRO's
-                                threshold update from the global count)
+    select(acc, iteration)    -> Selection: this rank's choice (local, no communication)
+    combine(acc, selection,   -> Reduced: the method's collective pattern after the index
+            gathered, ...)       gather; the aggregated coordinates and which of this
+                                 rank's coordinates went into them
+    observe(reduced)             what the sparsifier learns from the result (e.g. MiCRO's
+                                 threshold update from the global count)
+
+The protocol between them is the base class's :meth:`Sparsifier.exchange`, the same for
+every method: one index gather of ``[status, count, aux, indices]`` per rank (the indices
+only if the method announces them), after which every rank raises the same
+:class:`~horovod_micro.exchange.CollectiveInputError` if any rank reported a bad input, and
+the reducer reads the NaN/Inf flags from the same gather. A method's :meth:`combine` then
+sees every rank's announced indices and header integer, never a hidden attribute left over
+from ``select``.
 """
 
 from __future__ import annotations
@@ -22,7 +31,25 @@ from typing import Any, NamedTuple
 import horovod.torch as hvd
 import torch
 
-from ..exchange import Comm, Gathered, Traffic
+from ..exchange import Comm, Gathered, Traffic, gather_indices
+
+
+@dataclass
+class Selection:
+    """This rank's choice for one step, as :meth:`Sparsifier.select` returns it.
+
+    Attributes:
+        indices: the coordinates this rank chose (int32 or int64, a tensor of its own).
+        announced: whether they travel in the index gather. False for methods whose
+            coordinates every rank knows already (Random-k's shared seed) or that travel
+            another way (gTop-k's tree): only the header goes out.
+        aux: one integer every rank sees in the gather's header: MiCRO's count above the
+            probe threshold, Random-k's checksum of its coordinates, gTop-k's count.
+    """
+
+    indices: torch.Tensor
+    announced: bool = True
+    aux: int = 0
 
 
 class SparseGradient(NamedTuple):
@@ -134,11 +161,22 @@ class Sparsifier:
         return math.floor(self.density * self.numel)  # >= 1: bind_error rejects 0
 
     # ----- the pipeline --------------------------------------------------------------
-    def select(self, acc: torch.Tensor, iteration: int) -> torch.Tensor:
+    def select(self, acc: torch.Tensor, iteration: int) -> Selection:
+        """This rank's choice among the coordinates of ``acc`` (no communication)."""
         raise NotImplementedError
 
-    def exchange(self, acc: torch.Tensor, indices: torch.Tensor, status: int,
+    def exchange(self, acc: torch.Tensor, selection: Selection, status: int,
                  iteration: int, reduction: Reduction, traffic: Traffic) -> Reduced:
+        """The protocol every method shares (see the module docstring): the index gather
+        with ``status``, the collective error check, then :meth:`combine`."""
+        sent = selection.indices if selection.announced else selection.indices[:0]
+        gathered = gather_indices(self.comm, sent, status, traffic, aux=selection.aux)
+        gathered.raise_errors()
+        return self.combine(acc, selection, gathered, iteration, reduction, traffic)
+
+    def combine(self, acc: torch.Tensor, selection: Selection, gathered: Gathered,
+                iteration: int, reduction: Reduction, traffic: Traffic) -> Reduced:
+        """The method's own collectives after the index gather; returns the aggregate."""
         raise NotImplementedError
 
     def observe(self, reduced: Reduced) -> None:
@@ -176,7 +214,7 @@ class Sparsifier:
         if self.numel != flat.numel():
             raise ValueError(f"{self.name} is bound to {self.numel} elements, "
                              f"got a tensor of {flat.numel()}")
-        indices = self.select(flat, iteration)
+        indices = self.select(flat, iteration).indices
         return SparseGradient(indices, flat[indices.long()], flat.numel()), (tensor.shape,)
 
     def decompress(self, tensor: SparseGradient, ctx: tuple) -> torch.Tensor:

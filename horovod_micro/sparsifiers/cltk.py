@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import torch
 
-from ..exchange import Traffic, allreduce_values, gather_indices
+from ..exchange import Traffic, allreduce_values
 from ..selection import index_dtype
-from .base import Reduced, Reduction, Sparsifier
+from .base import Reduced, Reduction, Selection, Sparsifier
 from .registry import register
 from .topk import topk_indices
 
@@ -50,15 +50,13 @@ class CltkCompressor(Sparsifier):
         """The rank (in the optimizer's process set) that selects at ``iteration``."""
         return iteration % self.comm.size
 
-    def select(self, acc: torch.Tensor, iteration: int) -> torch.Tensor:
+    def select(self, acc: torch.Tensor, iteration: int) -> Selection:
         if self.comm.rank != self.leader(iteration):
-            return torch.empty(0, dtype=index_dtype(self.numel), device=acc.device)
-        return topk_indices(acc, self.target_count)
+            return Selection(torch.empty(0, dtype=index_dtype(self.numel), device=acc.device))
+        return Selection(topk_indices(acc, self.target_count))
 
-    def exchange(self, acc, indices, status, iteration, reduction: Reduction,
-                 traffic: Traffic) -> Reduced:
-        gathered = gather_indices(self.comm, indices, status, traffic)
-        gathered.raise_errors()
+    def combine(self, acc, selection, gathered, iteration, reduction: Reduction,
+                traffic: Traffic) -> Reduced:
         chosen = gathered.per_rank[self.leader(iteration)].long()
         values = allreduce_values(self.comm, self.wire(acc[chosen]), traffic, reduction.op,
                                   reduction.prescale, reduction.postscale)

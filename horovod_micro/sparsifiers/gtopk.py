@@ -40,9 +40,9 @@ from __future__ import annotations
 
 import torch
 
-from ..exchange import SelectedCounts, Traffic, alltoall_tensor, gather_indices
+from ..exchange import SelectedCounts, Traffic, alltoall_tensor
 from ..selection import index_dtype
-from .base import Reduced, Reduction, Sparsifier
+from .base import Reduced, Reduction, Selection, Sparsifier
 from .registry import register
 from .topk import topk_indices
 
@@ -101,8 +101,10 @@ class GtopkCompressor(Sparsifier):
                  fp16_values: bool = False):
         super().__init__(density, error_feedback=error_feedback, fp16_values=fp16_values)
 
-    def select(self, acc: torch.Tensor, iteration: int) -> torch.Tensor:
-        return topk_indices(acc, self.target_count)
+    def select(self, acc: torch.Tensor, iteration: int) -> Selection:
+        # Only the count is announced; the pairs travel up and down the tree in combine.
+        indices = topk_indices(acc, self.target_count)
+        return Selection(indices, announced=False, aux=indices.numel())
 
     # ----- messages: [count int64][indices][values][mask bits] as one uint8 tensor -------
     def _pack(self, idx, val, mask=None) -> torch.Tensor:
@@ -120,12 +122,11 @@ class GtopkCompressor(Sparsifier):
         return idx.long(), val.to(dtype), mask
 
     # ----- the exchange ------------------------------------------------------------------
-    def exchange(self, acc, indices, status, iteration, reduction: Reduction,
-                 traffic: Traffic) -> Reduced:
+    def combine(self, acc, selection, gathered, iteration, reduction: Reduction,
+                traffic: Traffic) -> Reduced:
         comm, k = self.comm, self.target_count
         n, r = comm.size, comm.rank
-        gathered = gather_indices(comm, indices[:0], status, traffic, aux=indices.numel())
-        gathered.raise_errors()
+        indices = selection.indices
         empty = torch.empty(0, dtype=torch.uint8, device=acc.device)
         levels = (n - 1).bit_length()  # ceil(log2 n)
 

@@ -25,10 +25,10 @@ from __future__ import annotations
 import torch
 
 from ..density_controller import DensityController
-from ..exchange import Traffic, allreduce_values, gather_indices
+from ..exchange import Traffic, allreduce_values
 from ..partition import owned_part, part_bounds
 from ..selection import ThresholdSelector
-from .base import Reduced, Reduction, Sparsifier
+from .base import Reduced, Reduction, Selection, Sparsifier
 from .registry import register
 
 
@@ -52,7 +52,6 @@ class MicroCompressor(Sparsifier):
         self.controller: DensityController | None = None
         self.bounds: list[tuple[int, int]] = []
         self._selector = ThresholdSelector()
-        self._above_probe = 0
 
     def config(self) -> dict:
         return {**super().config(), "initial_threshold": self.initial_threshold}
@@ -76,19 +75,17 @@ class MicroCompressor(Sparsifier):
     def rescale(self, ratio: float) -> None:
         self.controller.threshold *= ratio
 
-    def select(self, acc: torch.Tensor, iteration: int) -> torch.Tensor:
+    def select(self, acc: torch.Tensor, iteration: int) -> Selection:
         start, end = self.bounds[owned_part(self.comm.rank, iteration, self.comm.size)]
         indices = self._selector(acc[start:end], self.controller.threshold, start, self.numel)
-        # The controller's slope probe: how many selected entries also pass a slightly
-        # higher threshold (a pass over the k selected values only).
+        # The controller's slope probe, sent in the header: how many selected entries also
+        # pass a slightly higher threshold (a pass over the k selected values only).
         probe = self.controller.probe_threshold
-        self._above_probe = int((acc.index_select(0, indices).abs() >= probe).sum())
-        return indices
+        above_probe = int((acc.index_select(0, indices).abs() >= probe).sum())
+        return Selection(indices, aux=above_probe)
 
-    def exchange(self, acc, indices, status, iteration, reduction: Reduction,
-                 traffic: Traffic) -> Reduced:
-        gathered = gather_indices(self.comm, indices, status, traffic, aux=self._above_probe)
-        gathered.raise_errors()
+    def combine(self, acc, selection, gathered, iteration, reduction: Reduction,
+                traffic: Traffic) -> Reduced:
         # Parts are disjoint: concatenation is already the union, without duplicates.
         union = torch.cat(gathered.per_rank)
         values = self.wire(acc.index_select(0, union))

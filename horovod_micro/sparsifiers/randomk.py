@@ -31,10 +31,9 @@ from ..exchange import (
     SelectedCounts,
     Traffic,
     allreduce_values,
-    gather_indices,
 )
 from ..selection import index_dtype
-from .base import Reduced, Reduction, Sparsifier
+from .base import Reduced, Reduction, Selection, Sparsifier
 from .registry import register
 
 _MIX_SEED = 0x9E3779B97F4A7C15
@@ -81,7 +80,6 @@ class RandomkCompressor(Sparsifier):
                  fp16_values: bool = False):
         super().__init__(density, error_feedback=error_feedback, fp16_values=fp16_values)
         self.seed = seed
-        self._checksum = 0
 
     def config(self) -> dict:
         return {**super().config(), "seed": self.seed}
@@ -92,21 +90,18 @@ class RandomkCompressor(Sparsifier):
             return f"randomk: seed must be a non-negative integer, got {s!r}"
         return super().config_error()
 
-    def select(self, acc: torch.Tensor, iteration: int) -> torch.Tensor:
+    def select(self, acc: torch.Tensor, iteration: int) -> Selection:
         chosen = shared_indices(self.numel, self.target_count, self.seed, iteration)
-        self._checksum = _checksum(chosen)
-        return chosen.to(device=acc.device, dtype=index_dtype(self.numel))
+        return Selection(chosen.to(device=acc.device, dtype=index_dtype(self.numel)),
+                         announced=False, aux=_checksum(chosen))
 
-    def exchange(self, acc, indices, status, iteration, reduction: Reduction,
-                 traffic: Traffic) -> Reduced:
-        nothing = indices[:0]
-        gathered = gather_indices(self.comm, nothing, status, traffic, aux=self._checksum)
-        gathered.raise_errors()
+    def combine(self, acc, selection, gathered, iteration, reduction: Reduction,
+                traffic: Traffic) -> Reduced:
         if len(set(gathered.aux)) > 1:
             raise CollectiveInputError(
                 f"randomk: the ranks drew different coordinates at iteration {iteration} "
                 f"(checksums {gathered.aux}); their iteration counters or seeds differ")
-        chosen = indices.long()
+        chosen = selection.indices.long()
         values = allreduce_values(self.comm, self.wire(acc[chosen]), traffic, reduction.op,
                                   reduction.prescale, reduction.postscale)
         counts = SelectedCounts(gathered.per_rank, gathered.statuses, gathered.aux,

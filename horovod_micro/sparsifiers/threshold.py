@@ -12,7 +12,7 @@ whole vector on every rank, and the ranks choose independently: the union grows 
 ``lambda`` is either given (``value``) or derived from a density with the paper's
 Top-k-equivalent heuristic ``lambda = 1 / (2 sqrt(k))``, ``k = floor(d N)``.
 
-Exchange and error feedback are Top-k's (:func:`~horovod_micro.sparsifiers.topk.exchange_pairs`):
+Exchange and error feedback are Top-k's (:func:`~horovod_micro.sparsifiers.topk.combine_pairs`):
 allgather of each rank's (index, value) pairs, per-coordinate sum; a rank zeroes its
 residual only at the coordinates it sent itself. Traffic per rank: received
 ``sum_{s != r} ((k_s + 3) b_i + k_s b_v)`` with ``k_s`` this iteration's count of rank
@@ -28,9 +28,9 @@ import torch
 from ..density_controller import initial_threshold
 from ..exchange import Traffic
 from ..selection import ThresholdSelector
-from .base import Reduced, Reduction, Sparsifier
+from .base import Reduced, Reduction, Selection, Sparsifier
 from .registry import register
-from .topk import exchange_pairs
+from .topk import combine_pairs
 
 
 @register
@@ -86,12 +86,10 @@ class HardThresholdCompressor(Sparsifier):
     def rescale(self, ratio: float) -> None:
         self.lam = float(self.lam) * ratio
 
-    def select(self, acc: torch.Tensor, iteration: int) -> torch.Tensor:
-        # The selector's buffer is reused by the next call; this selection lives only
-        # until the exchange is over, but clone anyway: it is this rank's `contributed`.
-        return self._selector(acc, float(self.lam), 0, self.numel).clone()
+    def select(self, acc: torch.Tensor, iteration: int) -> Selection:
+        return Selection(self._selector(acc, float(self.lam), 0, self.numel))
 
-    def exchange(self, acc, indices, status, iteration, reduction: Reduction,
-                 traffic: Traffic) -> Reduced:
-        return exchange_pairs(self, acc, indices, status, reduction, traffic,
-                              threshold=float(self.lam))
+    def combine(self, acc, selection, gathered, iteration, reduction: Reduction,
+                traffic: Traffic) -> Reduced:
+        return combine_pairs(self, acc, selection, gathered, reduction, traffic,
+                             threshold=float(self.lam))

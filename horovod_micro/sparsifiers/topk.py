@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import torch
 
-from ..exchange import Traffic, allgather_values, gather_indices
+from ..exchange import Gathered, Traffic, allgather_values
 from ..selection import index_dtype
-from .base import Reduced, Reduction, Sparsifier
+from .base import Reduced, Reduction, Selection, Sparsifier
 from .registry import register
 
 
@@ -38,19 +38,17 @@ def topk_indices(acc: torch.Tensor, k: int) -> torch.Tensor:
     return picked.sort().values.to(index_dtype(acc.numel()))
 
 
-def exchange_pairs(sparsifier: Sparsifier, acc: torch.Tensor, indices: torch.Tensor,
-                   status: int, reduction: Reduction, traffic: Traffic,
-                   threshold: float | None = None) -> Reduced:
-    """Allgather every rank's (index, value) pairs and sum them per coordinate.
+def combine_pairs(sparsifier: Sparsifier, acc: torch.Tensor, selection: Selection,
+                  gathered: Gathered, reduction: Reduction, traffic: Traffic,
+                  threshold: float | None = None) -> Reduced:
+    """Allgather every rank's values at its announced indices; sum them per coordinate.
 
     Shared by Top-k and hard-threshold: both let each rank choose its own coordinates.
     ``contributed`` is this rank's own selection (see the module docstring). Every rank
     receives the same values in the same order, so every rank's sum is bit-identical.
     """
     comm = sparsifier.comm
-    gathered = gather_indices(comm, indices, status, traffic)
-    gathered.raise_errors()
-    own = indices.long()
+    own = selection.indices.long()
     all_indices = torch.cat(gathered.per_rank).long()
     if all_indices.numel() == 0:  # nobody selected anything: every rank knows, skip values
         empty = torch.empty(0, dtype=acc.dtype, device=acc.device)
@@ -78,9 +76,9 @@ class TopkCompressor(Sparsifier):
                  fp16_values: bool = False):
         super().__init__(density, error_feedback=error_feedback, fp16_values=fp16_values)
 
-    def select(self, acc: torch.Tensor, iteration: int) -> torch.Tensor:
-        return topk_indices(acc, self.target_count)
+    def select(self, acc: torch.Tensor, iteration: int) -> Selection:
+        return Selection(topk_indices(acc, self.target_count))
 
-    def exchange(self, acc, indices, status, iteration, reduction: Reduction,
-                 traffic: Traffic) -> Reduced:
-        return exchange_pairs(self, acc, indices, status, reduction, traffic)
+    def combine(self, acc, selection, gathered, iteration, reduction: Reduction,
+                traffic: Traffic) -> Reduced:
+        return combine_pairs(self, acc, selection, gathered, reduction, traffic)
