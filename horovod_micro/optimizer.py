@@ -198,9 +198,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """Start the dense exchange of ``p.grad``: Horovod's allreduce, or for a sparse
         gradient Horovod's sparse allreduce (allgather of indices and values), or with
         ``sparse_as_dense`` a dense allreduce whose result goes back to sparse."""
-        if p.grad is None:
-            # Another rank may have a gradient for p (a dynamic graph): take part with zeros.
-            p.grad = torch.zeros_like(p)
+        _take_part(p)
         name = f"{self._comm.prefix}.{self._parameter_names[p]}"
         if p.grad.is_sparse and not self.sparse_as_dense:
             handle = hvd.sparse_allreduce_async(p.grad, name=name, op=self.op,
@@ -215,9 +213,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _grouped_allreduce_async(self, group):
         for p in group:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-            elif p.grad.is_sparse:
+            _take_part(p)
+            if p.grad.is_sparse:
                 p.grad = p.grad.to_dense()
         pairs = [self._compression.compress(p.grad) for p in group]
         tensors = [t for t, _ in pairs]
@@ -236,14 +233,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             raise RuntimeError("this horovod_micro DistributedOptimizer was closed (its "
                                "parameters were wrapped again, or close() was called)")
         try:
-            if not self._included:
-                pass
-            elif self._sparse:
+            if self._included and self._sparse:
                 if self._state_sync_pending:
                     self._adopt_shared_state()
                 self._follow_loss_scale()
                 self._reducer.reduce()
-            elif self.process_set.size() > 1 or self._hooks:
+            elif self._included and (self.process_set.size() > 1 or self._hooks):
                 self._synchronize_dense()
         finally:
             # Also after a collective error, so that the next zero_grad() and backward
@@ -423,6 +418,13 @@ def _collective_prefix(set_id: int, layout: FlatLayout, compression) -> str:
     key = (set_id, digest)
     _built[key] += 1
     return f"hvm.ps{set_id}.{digest}.{_built[key] - 1}"
+
+
+def _take_part(p) -> None:
+    """Give ``p`` a zero gradient if backward gave it none: another rank may have one (a
+    dynamic graph), and every rank must join the same collectives."""
+    if p.grad is None:
+        p.grad = torch.zeros_like(p)
 
 
 def _install_sparse(p, aggregated: torch.Tensor) -> None:
