@@ -116,6 +116,7 @@ class SparseReducer:
         sq_norm = float(torch.dot(acc, acc))
         if status == OK and not _all_finite(acc, sq_norm):
             status = NONFINITE
+        self.sparsifier.prepare(sq_norm)
         selection = self.sparsifier.select(acc, self.iteration)
 
         traffic = Traffic()

@@ -161,6 +161,12 @@ class Sparsifier:
         return math.floor(self.density * self.numel)  # >= 1: bind_error rejects 0
 
     # ----- the pipeline --------------------------------------------------------------
+    def prepare(self, sq_norm: float) -> None:
+        """Called by the reducer once per step, before :meth:`select`, with the squared L2
+        norm of this rank's whole ``a_t`` (from the pass that checks it for NaN/Inf, so it
+        costs nothing extra; may be ``inf`` if it overflowed). A scale every method may use
+        without another pass over N; the default ignores it."""
+
     def select(self, acc: torch.Tensor, iteration: int) -> Selection:
         """This rank's choice among the coordinates of ``acc`` (no communication)."""
         raise NotImplementedError
