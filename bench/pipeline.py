@@ -1,19 +1,31 @@
-"""Where MiCRO's exchange time goes: the sparse pipeline's phases on real ranks.
+"""Where a MiCRO step's time goes: the per-phase breakdown, on real ranks (issue 11).
 
-``synchronize()`` of a sparse optimizer runs (``horovod_micro/reducer.py``)::
+One iteration of a sparse run is::
 
-    flatten + add residual -> norm -> select -> exchange -> zero output, scatter,
-    zero residual at the union -> write-back
+    forward + backward -> synchronize() -> optimizer step
 
-This wraps (on the instance, for measurement only; the package is not changed) the
-reducer's ``_accumulate`` and ``_write_back`` and the compressor's ``select`` and
-``exchange`` with timers; the rest of ``reduce()`` is the norm plus the post-exchange
-scatter/zeroing. ResNet-18 for CIFAR, batch 32, 2 Gloo ranks, rank 0 reported, medians;
-the threshold starts calibrated on a first gradient (the global count is printed).
+and ``synchronize()`` runs the reducer's phases (``horovod_micro/reducer.py``), which
+the reducer itself times on every step (``StepStats.phases``):
 
-Results, and the machine they were measured on: BENCHMARKS.md, section 4.
+    accumulate (a_t = e_t + g_t) -> check (norm, NaN/Inf) -> select (+ slope probe)
+    -> indices (index allgather) -> values (value allreduce) -> exchange_local
+    -> update (residual and output buffer) -> write_back
 
-    .venv/bin/python -m bench.pipeline [--iters 8] [--np 2]
+The collectives' phases include waiting for the other rank and Horovod's negotiation;
+``--timeline`` also runs the steps under ``HOROVOD_TIMELINE`` and splits the
+collectives' time into Horovod's own activities (negotiation, queue, the Gloo operation).
+
+Models: ``wide_mlp`` (12.7M parameters, about 60 ms of compute per iteration on one
+thread: the communication-bound regime) or ``resnet18`` (11.2M, about 1.6 s: the
+compute-bound regime). Variants of the optimizer run interleaved in one run (each round
+runs every variant once), so their medians and paired ratios compare like with like:
+``compute`` (no exchange, the lower bound), ``micro`` (defaults), ``micro-copy``
+(``zero_copy=False``: the out-of-place ``a_t`` of before issue 11). ``--rate`` runs the
+ranks inside ``bench/netns_run.sh`` (tbf-limited loopback, as root).
+
+Results, and the machine they were measured on: BENCHMARKS.md, sections 4 and 8.
+
+    .venv/bin/python -m bench.pipeline --model wide_mlp --rate 1gbit --iters 20
 """
 
 from __future__ import annotations
@@ -23,106 +35,212 @@ import json
 import sys
 import tempfile
 import time
+from collections import defaultdict
 from pathlib import Path
 
 from bench.common import median
 from bench.launch import horovodrun_cmd, run_bounded
 
-PHASES = ("accumulate", "select", "exchange", "write_back")
+REPO = Path(__file__).resolve().parent.parent
+VARIANTS = {
+    "compute": None,
+    "micro": {},
+    "micro-copy": {"zero_copy": False},
+}
+PHASES = ("accumulate", "check", "select", "indices", "values", "exchange_local", "update",
+          "write_back")
 
 
-def worker(iters: int, out: Path) -> None:
+def build_model(name: str):
+    from train.models import build_model as build
+
+    return build(name, num_classes=10)
+
+
+def worker(args) -> None:
     import horovod.torch as hvd
     import torch
 
     import horovod_micro as hvm
-    from bench.common import resnet18
 
     torch.set_num_threads(1)
     hvd.init()
-    torch.manual_seed(hvd.rank())
-    x, y = torch.randn(32, 3, 32, 32), torch.randint(0, 10, (32,))
-    result = {}
-    for d in (0.01, 0.001):
+    runs = {}
+    for label in args.variants:
         torch.manual_seed(0)
-        model, _ = resnet18()
-        # Start at the threshold that keeps k = d N of a first gradient (as bandwidth.py),
-        # so the few iterations measured run near the target density.
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-        g = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
-        t0 = torch.topk(g.abs(), int(d * g.numel()), sorted=False).values.min().reshape(1)
-        t0 = float(hvd.broadcast(t0, root_rank=0, name=f"calib.{d}"))
-        model.zero_grad()
-        opt = hvm.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
-                                       named_parameters=model.named_parameters(),
-                                       compression=hvm.Compression.micro(
-                                           density=d, initial_threshold=t0))
-        reducer, comp = opt._reducer, opt.compression
-        spent = {p: 0.0 for p in PHASES}
+        model = build_model(args.model)
+        torch.manual_seed(100 + hvd.rank())
+        x, y = _data(args.model, torch)
+        base = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        opt = base
+        if VARIANTS[label] is not None:
+            t0 = _calibrated_threshold(hvd, torch, model, x, y, args.density, label)
+            opt = hvm.DistributedOptimizer(
+                base, named_parameters=model.named_parameters(),
+                compression=hvm.Compression.micro(density=args.density, initial_threshold=t0),
+                **VARIANTS[label])
+        runs[label] = {"model": model, "opt": opt, "x": x, "y": y, "rows": []}
 
-        def wrap(obj, attr, phase, spent=spent):
-            fn = getattr(obj, attr)
-
-            def timed(*a, **kw):
-                t = time.perf_counter()
-                try:
-                    return fn(*a, **kw)
-                finally:
-                    spent[phase] += time.perf_counter() - t
-            setattr(obj, attr, timed)
-
-        wrap(reducer, "_accumulate", "accumulate")
-        wrap(reducer, "_write_back", "write_back")
-        wrap(comp, "select", "select")
-        wrap(comp, "exchange", "exchange")
-        rows = []
-        for it in range(iters + 2):
-            opt.zero_grad()
-            torch.nn.functional.cross_entropy(model(x), y).backward()
-            hvd.allreduce(torch.zeros(1), name="line-up")
-            for p in PHASES:
-                spent[p] = 0.0
-            t = time.perf_counter()
+    def iteration(run, label, keep):
+        model, opt = run["model"], run["opt"]
+        hvd.allreduce(torch.zeros(1), name="line-up")
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(run["x"]), run["y"]).backward()
+        t1 = time.perf_counter()
+        if label != "compute":
             opt.synchronize()
-            total = time.perf_counter() - t
+        t2 = time.perf_counter()
+        if label != "compute":
             with opt.skip_synchronize():
                 opt.step()
-            st = opt.last_stats
-            if it >= 2:
-                rows.append({**spent, "total": total, "comm": st.comm_time,
-                             "rest": total - sum(spent.values()), "count": st.global_count})
-        result[str(d)] = {k: median([r[k] for r in rows]) for k in rows[0]}
+        else:
+            opt.step()
+        t3 = time.perf_counter()
+        if keep:
+            row = {"backward": t1 - t0, "sync": t2 - t1, "step": t3 - t2, "total": t3 - t0}
+            if label != "compute":
+                st = opt.last_stats
+                row.update(st.phases, count=st.global_count, max_rank=max(st.rank_counts))
+            run["rows"].append(row)
+
+    for _ in range(args.warmup):
+        for label, run in runs.items():
+            iteration(run, label, keep=False)
+    for _ in range(args.iters):
+        for label, run in runs.items():
+            iteration(run, label, keep=True)
+
+    gathered = hvd.allgather_object({k: r["rows"] for k, r in runs.items()})
     if hvd.rank() == 0:
-        out.write_text(json.dumps(result))
+        Path(args.worker).write_text(json.dumps(gathered))
     hvd.shutdown()
+
+
+def _data(model_name: str, torch):
+    if model_name == "wide_mlp":
+        return torch.randn(32, 784), torch.randint(0, 10, (32,))
+    return torch.randn(32, 3, 32, 32), torch.randint(0, 10, (32,))
+
+
+def _calibrated_threshold(hvd, torch, model, x, y, density, label) -> float:
+    """The k-th largest |g| of a first gradient, from rank 0: the few measured iterations
+    then run near the target density."""
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    g = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+    t = torch.topk(g.abs(), int(density * g.numel()), sorted=False).values.min().reshape(1)
+    model.zero_grad()
+    return float(hvd.broadcast(t, root_rank=0, name=f"calib.{label}"))
+
+
+# ---------------------------------------------------------------------------- timeline
+def timeline_activities(path: Path) -> dict[str, float]:
+    """Seconds per Horovod activity (summed over the run) for the optimizer's tensors
+    (names starting ``hvm.``), from a ``HOROVOD_TIMELINE`` file."""
+    text = path.read_text().strip().rstrip(",")
+    if not text.endswith("]"):
+        text += "]"
+    events = json.loads(text)
+    names, stacks, spent = {}, defaultdict(list), defaultdict(float)
+    for ev in events:
+        if ev.get("ph") == "M" and ev.get("name") == "process_name":
+            names[ev["pid"]] = ev.get("args", {}).get("name", "")
+    for ev in events:
+        pid = ev.get("pid")
+        if ".hvm." not in "." + str(names.get(pid, "")) or ".check." in names[pid]:
+            continue
+        if ev.get("ph") == "B":
+            stacks[pid].append((ev["name"], ev["ts"]))
+        elif ev.get("ph") == "E" and stacks[pid]:
+            name, ts = stacks[pid].pop()
+            spent[name] += (ev["ts"] - ts) * 1e-6
+        elif ev.get("ph") == "X":
+            spent[ev["name"]] += ev.get("dur", 0) * 1e-6
+    return dict(spent)
+
+
+# ---------------------------------------------------------------------------- launcher
+def summarise(per_rank: list[dict], variants: list[str]) -> dict:
+    """Per variant: medians over iterations of the slower rank's total and compute, and of
+    rank 0's phases; paired ratios against ``compute`` (within an iteration)."""
+    out = {}
+    n_iter = len(per_rank[0][variants[0]])
+    totals = {v: [max(r[v][i]["total"] for r in per_rank) for i in range(n_iter)]
+              for v in variants}
+    for v in variants:
+        rows = per_rank[0][v]
+        summary = {"total": median(totals[v]),
+                   "compute": median([max(r[v][i]["backward"] + r[v][i]["step"]
+                                          for r in per_rank) for i in range(n_iter)])}
+        for key in ("backward", "sync", "step", *PHASES, "count", "max_rank"):
+            if key in rows[0]:
+                summary[key] = median([row.get(key, 0.0) for row in rows])
+        if "compute" in totals:
+            summary["paired_x_compute"] = median(
+                [a / b for a, b in zip(totals[v], totals["compute"])])
+        out[v] = summary
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--iters", type=int, default=8)
+    ap.add_argument("--model", choices=("wide_mlp", "resnet18"), default="wide_mlp")
+    ap.add_argument("--density", type=float, default=0.001)
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--np", type=int, default=2)
-    ap.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--rate", default=None, help="tbf rate of bench/netns_run.sh (as root)")
+    ap.add_argument("--timeline", action="store_true",
+                    help="also record HOROVOD_TIMELINE and split the collectives' time")
+    ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        worker(args.iters, args.worker)
+        worker(args)
         return
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "r.json"
-        argv = [sys.executable, "-m", "bench.pipeline", "--iters", str(args.iters),
-                "--worker", str(out)]
-        run_bounded(horovodrun_cmd(args.np, "gloo", argv), timeout=900,
-                    env={"PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
-        res = json.loads(out.read_text())
-    print(f"# MiCRO synchronize() phases, ResNet-18 (N = 11,173,962), {args.np} Gloo ranks, "
-          f"rank 0, medians of {args.iters} iterations, ms\n")
-    cols = ("accumulate", "rest", "select", "exchange", "comm", "write_back", "total")
-    print("| density | flatten + add residual | norm + scatter/zero (rest) | select "
-          "(+ slope probe) | exchange | of which collectives | write-back | total "
-          "| global count |")
-    print("|---:|" + "---:|" * 8)
-    for d, r in res.items():
-        print(f"| {d} | " + " | ".join(f"{r[c] * 1e3:.2f}" for c in cols)
-              + f" | {r['count']:.0f} |")
+        argv = [sys.executable, "-m", "bench.pipeline", "--worker", str(out),
+                "--model", args.model, "--density", str(args.density),
+                "--iters", str(args.iters), "--warmup", str(args.warmup),
+                "--variants", *args.variants]
+        env = {"PYTHONPATH": str(REPO)}
+        timeline = Path(tmp) / "timeline.json"
+        if args.timeline:
+            env["HOROVOD_TIMELINE"] = str(timeline)
+        cmd = horovodrun_cmd(args.np, "gloo", argv)
+        if args.rate:
+            cmd = [str(REPO / "bench/netns_run.sh"), args.rate, "1500", *cmd]
+        run_bounded(cmd, timeout=1600, env=env)
+        if args.timeline:
+            (REPO / "bench/results").mkdir(exist_ok=True)
+            (REPO / "bench/results/pipeline-timeline.json").write_text(timeline.read_text())
+        per_rank = json.loads(out.read_text())
+        activities = timeline_activities(timeline) if args.timeline else {}
+    res = summarise(per_rank, args.variants)
+    iters = args.iters
+    print(f"# {args.model}, d = {args.density}, {args.np} Gloo ranks, link "
+          f"{args.rate or 'unlimited'}; medians of {iters} interleaved iterations, ms "
+          "(total: slower rank; phases: rank 0)\n")
+    cols = ("total", "compute", "backward", "sync", "step", *PHASES)
+    print("| variant | " + " | ".join(cols) + " | x compute-only, paired | global count "
+          "| max rank count |")
+    print("|---|" + "---:|" * (len(cols) + 3))
+    for v, r in res.items():
+        cells = [f"{r[c] * 1e3:.2f}" if c in r else "" for c in cols]
+        print(f"| {v} | " + " | ".join(cells)
+              + f" | {r.get('paired_x_compute', float('nan')):.3f} "
+              f"| {r.get('count', float('nan')):.0f} | {r.get('max_rank', float('nan')):.0f} |")
+    if activities:
+        steps = (iters + args.warmup) * sum(1 for v in args.variants if v != "compute")
+        print("\nHorovod timeline, the optimizer's collectives, all ranks' process, ms per "
+              "step (mean over every step of every sparse variant):\n")
+        for name, sec in sorted(activities.items(), key=lambda kv: -kv[1]):
+            print(f"- {name}: {sec * 1e3 / steps:.2f}")
+    if args.json:
+        args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json)},
+                                         "summary": res, "timeline": activities}, indent=1))
 
 
 if __name__ == "__main__":

@@ -47,10 +47,14 @@ from .stats import ring_allgather_bytes, ring_allreduce_bytes
 OK = 0
 NONFINITE = 1
 SPARSE_GRADIENT = 2
+GRAPH_GRADIENT = 3
 STATUS_MESSAGES = {
     NONFINITE: "gradient holds NaN or Inf",
     SPARSE_GRADIENT: "a gradient is a sparse tensor (e.g. nn.Embedding(sparse=True)); "
     "sparse compressors need dense gradients: use sparse=False",
+    GRAPH_GRADIENT: "a gradient carries an autograd graph (backward(create_graph=True)) "
+    "while the gradients are views of the error-feedback residual; pass zero_copy=False "
+    "to DistributedOptimizer for higher-order gradients",
 }
 
 
@@ -65,10 +69,17 @@ class Traffic:
     sent: int = 0
     received: int = 0
     seconds: float = 0.0
+    by_role: dict[str, float] = field(default_factory=dict)
 
     def add(self, sent_received: tuple[int, int]) -> None:
         self.sent += sent_received[0]
         self.received += sent_received[1]
+
+    def timed(self, role: str, start: float) -> None:
+        """Charge the time since ``start`` (``perf_counter``) to the collective ``role``."""
+        spent = time.perf_counter() - start
+        self.seconds += spent
+        self.by_role[role] = self.by_role.get(role, 0.0) + spent
 
 
 @dataclass
@@ -150,7 +161,7 @@ def gather_indices(comm: Comm, indices: torch.Tensor, status: int, traffic: Traf
     block = torch.cat([header, indices])
     start = time.perf_counter()
     gathered = comm.allgather(block, role)
-    traffic.seconds += time.perf_counter() - start
+    traffic.timed(role, start)
 
     host = gathered if gathered.device.type == "cpu" else gathered.cpu()
     per_rank, statuses, auxes, sizes = [], [], [], []
@@ -173,7 +184,7 @@ def allreduce_values(comm: Comm, values: torch.Tensor, traffic: Traffic, op,
         return values
     start = time.perf_counter()
     comm.allreduce_(values, role, op, prescale, postscale)
-    traffic.seconds += time.perf_counter() - start
+    traffic.timed(role, start)
     traffic.add(ring_allreduce_bytes(values.numel() * values.element_size(), comm.size))
     return values
 
@@ -183,7 +194,7 @@ def allgather_values(comm: Comm, values: torch.Tensor, counts: list[int], traffi
     """Allgather per-rank value vectors whose lengths ``counts`` are already known."""
     start = time.perf_counter()
     gathered = comm.allgather(values, role)
-    traffic.seconds += time.perf_counter() - start
+    traffic.timed(role, start)
     traffic.add(ring_allgather_bytes([c * values.element_size() for c in counts], comm.rank))
     return gathered
 
@@ -240,7 +251,7 @@ def alltoall_tensor(comm: Comm, tensor: torch.Tensor, splits: list[int], traffic
     """
     start = time.perf_counter()
     output, received = comm.alltoall(tensor, splits, role)
-    traffic.seconds += time.perf_counter() - start
+    traffic.timed(role, start)
     received = [int(c) for c in received]
     row_bytes = tensor.element_size() * math.prod(tensor.shape[1:])
     traffic.add(alltoall_bytes(splits, received, row_bytes, comm.rank))

@@ -67,7 +67,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, compression, backward_passes_per_step=1,
                  op=hvd.Average, gradient_predivide_factor=1.0, groups=None,
                  sparse_as_dense=False, process_set=hvd.global_process_set,
-                 stats_callback=None, grad_scaler=None):
+                 stats_callback=None, grad_scaler=None, zero_copy=True):
         super(self.__class__, self).__init__(params)
         self._compression = compression
         self.backward_passes_per_step = backward_passes_per_step
@@ -114,9 +114,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._comm = Comm(process_set, prefix=_collective_prefix(set_id, self._layout,
                                                                  compression))
         if self._sparse:
+            # With a GradScaler the residual follows the loss scale between steps, which
+            # needs e_t and g_t apart: no zero-copy error feedback then.
             self._reducer = SparseReducer(self._layout, compression, self._comm,
                                           Reduction(op, *self._scale_factors()),
-                                          stats_callback=self._record)
+                                          stats_callback=self._record,
+                                          zero_copy=zero_copy and grad_scaler is None)
         else:
             self._groups = _resolve_groups(groups, self._layout)
         if self._sparse or hvd.size() > 1 or os.environ.get("HOROVOD_ELASTIC") == "1":
@@ -177,6 +180,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 "call to step(). Increase backward_passes_per_step to accumulate "
                 "gradients locally.")
         self._passes[p] += 1
+        if self._reducer is not None:
+            self._reducer.count_accumulation(p)
         if not self._sparse and self._passes[p] == self.backward_passes_per_step:
             self._start_dense(p)
 
@@ -356,7 +361,16 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             raise AssertionError("optimizer.zero_grad() was called after loss.backward() "
                                  "but before optimizer.step() or optimizer.synchronize(). "
                                  "This is prohibited as it can cause a race condition.")
-        return super(self.__class__, self).zero_grad(set_to_none=set_to_none)
+        if self._reducer is None:
+            return super(self.__class__, self).zero_grad(set_to_none=set_to_none)
+        # The parameters of the flat layout get their residual slice as .grad (zero-copy
+        # error feedback, SparseReducer.install_residual_views): never zeroed in place,
+        # whatever set_to_none says, since it holds e_t. Other parameters: as torch does.
+        for p in self._layout.params:
+            p.grad = None
+        super(self.__class__, self).zero_grad(set_to_none=set_to_none)
+        self._reducer.install_residual_views()
+        return None
 
     def set_backward_passes_per_step(self, passes: int) -> None:
         self.backward_passes_per_step = passes
@@ -485,6 +499,7 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name)
     process_set: hvd.ProcessSet = hvd.global_process_set,
     stats_callback: Callable[[StepStats], None] | None = None,
     grad_scaler: torch.amp.GradScaler | None = None,
+    zero_copy: bool = True,
 ) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so that ``step()`` first exchanges gradients across ranks.
 
@@ -500,12 +515,24 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name)
             call ``synchronize()`` before ``scaler.unscale_(optimizer)`` (Horovod's
             pattern). A sparse method's residual and threshold then live in loss-scaled
             units; passing the scaler lets them follow each change of the scale. Not
-            needed when ``scaler.step(optimizer)`` unscales before the exchange.
+            needed when ``scaler.step(optimizer)`` unscales before the exchange. Turns
+            ``zero_copy`` off.
+        zero_copy: sparse compressors only. ``zero_grad()`` makes each ``.grad`` a view of
+            the error-feedback residual ``e_t``, so backward adds ``g_t`` into it in place
+            and ``a_t = e_t + g_t`` costs no pass over the gradient (one pass of 3N memory
+            traffic saved per step; BENCHMARKS.md, section 8). Between backward and
+            ``synchronize()``, ``.grad`` then shows ``a_t``, not ``g_t``; after
+            ``synchronize()`` it is the aggregate, as always. Anything that writes into
+            ``.grad`` in place before ``synchronize()`` (``scaler.unscale_``, gradient
+            clipping) is detected through the tensors' version counter: a warning, and
+            separate gradient buffers from then on. ``backward(create_graph=True)`` needs
+            ``zero_copy=False`` (a clear error on every rank otherwise).
 
     Differences from Horovod, each deliberate:
 
     * ``zero_grad(set_to_none=...)`` is accepted (Horovod 0.28.1's override takes no
-      argument).
+      argument). With a sparse compressor and ``zero_copy`` it installs the residual
+      views whatever ``set_to_none`` says (see ``zero_copy``).
     * ``groups``/``num_groups`` only shape the dense path; a sparse exchange always treats
       the whole model as one flat vector.
     * ``op=hvd.Adasum`` is handed to Horovod's own optimizer (dense compressors only).
@@ -533,4 +560,4 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name)
     cls.__module__ = hvd.DistributedOptimizer.__module__
     return cls(optimizer.param_groups, named_parameters, compression,
                backward_passes_per_step, op, gradient_predivide_factor, groups,
-               sparse_as_dense, process_set, stats_callback, grad_scaler)
+               sparse_as_dense, process_set, stats_callback, grad_scaler, zero_copy)

@@ -29,14 +29,14 @@ float64), as CUDA tensors do.
 from __future__ import annotations
 
 import math
-import time
+import warnings
 from collections.abc import Callable, Sequence
 
 import torch
 
-from .exchange import NONFINITE, OK, SPARSE_GRADIENT, Comm, Traffic
+from .exchange import GRAPH_GRADIENT, NONFINITE, OK, SPARSE_GRADIENT, Comm, Traffic
 from .sparsifiers.base import Reduced, Reduction, Sparsifier
-from .stats import StepStats
+from .stats import PhaseClock, StepStats
 
 
 def flat_dtype(dtypes) -> torch.dtype:
@@ -93,7 +93,8 @@ class SparseReducer:
 
     def __init__(self, layout: FlatLayout, sparsifier: Sparsifier, comm: Comm,
                  reduction: Reduction,
-                 stats_callback: Callable[[StepStats], None] | None = None):
+                 stats_callback: Callable[[StepStats], None] | None = None,
+                 zero_copy: bool = True):
         self.layout = layout
         self.sparsifier = sparsifier
         self.comm = comm
@@ -104,27 +105,41 @@ class SparseReducer:
         sparsifier.bind(layout.numel, comm)
         self.residual = torch.zeros(layout.numel, dtype=layout.dtype, device=layout.device)
         self.output = torch.zeros(layout.numel, dtype=layout.dtype, device=layout.device)
+        # Zero-copy error feedback (see _error_compensated): whether views are installed,
+        # and the residual's version counter then plus the accumulations seen since, to
+        # tell backward's in-place adds from anything else writing into the views.
+        self.zero_copy = zero_copy
+        self._views_version: int | None = None
+        self._view_accumulations = 0
+        self._starts = {id(p): start for p, (start, _) in zip(layout.params, layout.slices)}
 
     def reduce(self) -> StepStats:
         """Exchange the current ``.grad`` of every parameter and replace it by the result.
 
-        If the exchange raises, the residual, the iteration and the sparsifier's state
-        are those from before the call (``a_t`` lived only in the output buffer)."""
-        t0 = time.perf_counter()
-        acc = self.output
-        status = self._accumulate(acc)
+        If the exchange raises, nothing was applied: the iteration and the sparsifier's
+        state are those from before the call, and ``a_t`` is kept whole. Where backward
+        wrote into the residual (:meth:`install_residual_views`), the residual keeps
+        ``a_t``, this step's gradient included, and ``.grad`` still shows it; a gradient
+        that came in its own tensor is left where it was, with the residual untouched.
+        """
+        clock = PhaseClock()
+        watching = self._check_views()
+        acc, status, in_place = self._error_compensated(watching)
+        clock.lap("accumulate")
         sq_norm = float(torch.dot(acc, acc))
         if status == OK and not _all_finite(acc, sq_norm):
             status = NONFINITE
+        clock.lap("check")
         self.sparsifier.prepare(sq_norm)
         selection = self.sparsifier.select(acc, self.iteration)
+        clock.lap("select")
 
         traffic = Traffic()
         reduced = self.sparsifier.exchange(acc, selection, status, self.iteration,
                                            self.reduction, traffic)
-        # The exchange succeeded: a_t becomes the residual, the old residual's buffer the
-        # output.
-        self.residual, self.output = acc, self.residual
+        clock.lap("exchange")
+        if not in_place:  # a_t was built in the output buffer: the buffers trade roles
+            self.residual, self.output = acc, self.residual
 
         # NaN/Inf in some rank's a_t came with the status; a value that overflowed on the
         # wire (fp16_values) or in the sum shows in the aggregate, which every rank holds
@@ -136,10 +151,12 @@ class SparseReducer:
         else:
             residual_norm = self._apply(reduced, sq_norm)
         if not self.sparsifier.error_feedback:
-            acc.zero_()
+            self.residual.zero_()
             residual_norm = 0.0
+        clock.lap("update")
         self._write_back()
-        t3 = time.perf_counter()
+        clock.lap("write_back")
+        clock.split("exchange", traffic.by_role)
 
         counts = reduced.gathered.counts
         stats = StepStats(
@@ -155,9 +172,10 @@ class SparseReducer:
             bytes_sent=traffic.sent,
             bytes_received=traffic.received,
             residual_norm=residual_norm,
-            select_time=(t3 - t0) - traffic.seconds,
+            select_time=clock.total - traffic.seconds,
             comm_time=traffic.seconds,
             nonfinite=nonfinite,
+            phases=clock.seconds,
         )
         self.iteration += 1
         self.last_stats = stats
@@ -203,27 +221,91 @@ class SparseReducer:
         acc.index_fill_(0, overflowed.long(), 0.0)
         return _norm(acc)
 
-    def _accumulate(self, acc: torch.Tensor) -> int:
-        """``acc = residual + grad``, slice by slice (without error feedback the residual
-        stays all zeros, so this is ``grad``); returns the status this rank reports in the
-        exchange. A ``.grad`` may be a view of ``acc`` itself (the last write-back installed
-        them; ``zero_grad(set_to_none=False)`` and backward then accumulate into them):
-        the add is elementwise over identical memory, so that is safe.
+    def _error_compensated(self, watching: bool) -> tuple[torch.Tensor, int, bool]:
+        """``a_t = e_t + g_t``: the buffer that holds it, the status this rank reports in
+        the exchange, and whether that buffer is the residual itself.
 
-        Writing ``a_t`` out of place costs one memory stream more than the in-place add
-        it replaced when ``.grad`` is a fresh tensor (about +2.5 ms at 11.2M float32 on
-        one core here, against about 80 ms for the whole sparse step of
-        ``bench/pipeline.py``): the price of an exact, copy-free rollback."""
+        Zero-copy error feedback. When every gradient is a view of the residual (installed
+        by :meth:`install_residual_views`, which the optimizer's ``zero_grad()`` calls),
+        backward has already added ``g_t`` to ``e_t`` in place, and ``a_t`` costs no pass
+        at all. Otherwise (the first step, ``.grad`` set to None or assigned), ``a_t`` is
+        written out of place into the output buffer, which the optimizer no longer needs,
+        so a collective error leaves the residual untouched; a gradient that already is a
+        residual view contributes its slice as it stands. The out-of-place pass costs
+        about 5 ms at 12.7M float32 on one core here (BENCHMARKS.md, section 8)."""
         status = OK
-        for p, (start, end) in zip(self.layout.params, self.layout.slices):
+        grads = []
+        in_place = True
+        for p, (start, _) in zip(self.layout.params, self.layout.slices):
             grad = p.grad
             if grad is not None and grad.is_sparse:
                 status, grad = SPARSE_GRADIENT, None
+            view = grad is not None and self._is_residual_view(grad, start)
+            if not view and grad is not None and grad.requires_grad and watching:
+                # backward(create_graph=True) replaced the view by view + g_t: a_t is in
+                # there, but so is e_t, and nothing tells the two cases apart.
+                status = GRAPH_GRADIENT
+            in_place = in_place and (view or grad is None)
+            grads.append(None if view else grad)
+        if in_place:
+            return self.residual, status, True
+        acc = self.output
+        for grad, (start, end) in zip(grads, self.layout.slices):
             if grad is None:
                 acc[start:end].copy_(self.residual[start:end])
             else:
                 torch.add(self.residual[start:end], grad.reshape(-1), out=acc[start:end])
-        return status
+        return acc, status, False
+
+    def _check_views(self) -> bool:
+        """Since the views were installed, only backward may have written into them (one
+        in-place add per accumulation, counted by :meth:`count_accumulation`). Anything
+        else (``GradScaler.unscale_`` or gradient clipping before ``synchronize()``,
+        ``zero_grad(set_to_none=False)`` on the model) acted on ``a_t``, the residual
+        included: warn, and use separate gradients from now on. Returns whether views
+        had been installed for this step."""
+        installed, self._views_version = self._views_version, None
+        if installed is None:
+            return False
+        if self.residual._version == installed + self._view_accumulations:
+            return True
+        self.zero_copy = False
+        warnings.warn(
+            "horovod_micro: .grad was modified in place between backward and "
+            "synchronize() (e.g. scaler.unscale_() or clip_grad_norm_() before "
+            "synchronize(), or model.zero_grad(set_to_none=False)). The gradients were "
+            "views of the error-feedback residual, so this step's residual was modified "
+            "too. Switching to separate gradient buffers for the rest of the run (one more "
+            "pass over the gradient per step). Call optimizer.synchronize() before such "
+            "operations, or pass zero_copy=False, to silence this.", stacklevel=4)
+        return True
+
+    def count_accumulation(self, p: torch.nn.Parameter) -> None:
+        """Backward just accumulated into ``p.grad`` (a post-accumulate hook)."""
+        start = self._starts.get(id(p))
+        if (self._views_version is not None and start is not None
+                and self._is_residual_view(p.grad, start)):
+            self._view_accumulations += 1
+
+    def _is_residual_view(self, grad: torch.Tensor, start: int) -> bool:
+        return (grad.dtype == self.residual.dtype and grad.device == self.residual.device
+                and grad.is_contiguous()
+                and grad.data_ptr() == self.residual[start:].data_ptr())
+
+    def install_residual_views(self) -> None:
+        """Make each parameter's ``.grad`` its slice of the residual ``e_t``, so that the
+        next backward accumulates ``g_t`` straight into it (``a_t`` then costs no pass).
+        Parameters whose dtype differs from the flat buffer's (float16 with a float32
+        residual) keep ``.grad = None`` and take the out-of-place path. With
+        ``zero_copy`` off (or switched off by :meth:`_check_views`), every ``.grad``
+        becomes None instead."""
+        for p, (start, end) in zip(self.layout.params, self.layout.slices):
+            if self.zero_copy and p.dtype == self.residual.dtype and p.requires_grad:
+                p.grad = self.residual[start:end].view_as(p)
+            else:
+                p.grad = None
+        self._views_version = self.residual._version if self.zero_copy else None
+        self._view_accumulations = 0
 
     def _write_back(self) -> None:
         for p, (start, end) in zip(self.layout.params, self.layout.slices):

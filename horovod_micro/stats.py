@@ -17,6 +17,7 @@ NCCL use for large messages):
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import asdict, dataclass, field
 from typing import IO
 
@@ -42,6 +43,12 @@ class StepStats:
             residual update).
         comm_time: seconds spent in collectives on this rank, waiting included.
         nonfinite: whether any rank's gradient held NaN/Inf this iteration.
+        phases: seconds per phase of the sparse step on this rank, in order
+            (:class:`PhaseClock`): ``accumulate`` (a_t = e_t + g_t), ``check`` (norm and
+            NaN/Inf check), ``select``, the exchange split into its collectives (by role,
+            e.g. ``indices``, ``values``; waiting for other ranks included) and
+            ``exchange_local`` (the method's own gathers and casts), ``update`` (residual
+            and output buffer), ``write_back``.
     """
 
     iteration: int
@@ -59,6 +66,7 @@ class StepStats:
     select_time: float = 0.0
     comm_time: float = 0.0
     nonfinite: bool = False
+    phases: dict[str, float] = field(default_factory=dict)
 
     @property
     def load_imbalance(self) -> float:
@@ -103,3 +111,35 @@ class StatsLog:
     def __call__(self, stats: StepStats) -> None:
         self.stream.write(json.dumps(stats.to_dict()) + "\n")
         self.stream.flush()
+
+
+class PhaseClock:
+    """Wall time of consecutive phases: ``lap(name)`` charges the time since the previous
+    lap to ``name``. Two ``perf_counter`` reads per phase, so it runs on every step."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.seconds[name] = self.seconds.get(name, 0.0) + now - self._last
+        self._last = now
+
+    def split(self, name: str, parts: dict[str, float]) -> None:
+        """Replace phase ``name`` by ``parts`` (seconds measured inside it) and the
+        remainder, ``{name}_local``, keeping the order of the phases."""
+        total = self.seconds.get(name, 0.0)
+        rest = total - sum(parts.values())
+        out: dict[str, float] = {}
+        for key, value in self.seconds.items():
+            if key == name:
+                out.update(parts)
+                out[f"{name}_local"] = max(rest, 0.0)
+            else:
+                out[key] = value
+        self.seconds = out
+
+    @property
+    def total(self) -> float:
+        return sum(self.seconds.values())

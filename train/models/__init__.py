@@ -14,12 +14,14 @@ from .digits import DigitsCNN, digits_cnn
 from .googlenet import GoogLeNet, googlenet
 from .resnet import ResNet, resnet18
 from .senet import SENet, senet18
+from .wide_mlp import WideMLP, wide_mlp
 
 MODELS: dict[str, Callable[..., nn.Module]] = {
     "resnet18": resnet18,
     "googlenet": googlenet,
     "senet18": senet18,
     "digits_cnn": digits_cnn,
+    "wide_mlp": wide_mlp,
 }
 
 
@@ -33,4 +35,4 @@ def build_model(name: str, num_classes: int) -> nn.Module:
 
 
 __all__ = ["MODELS", "DigitsCNN", "GoogLeNet", "ResNet", "SENet", "build_model", "digits_cnn",
-           "googlenet", "resnet18", "senet18"]
+           "googlenet", "resnet18", "senet18", "WideMLP", "wide_mlp"]
