@@ -1,6 +1,9 @@
 """End-to-end iteration time on a rate-limited link: every method vs the compute-only bound.
 
-What is measured (issue 6): ResNet-18 for CIFAR (11,173,962 parameters), synthetic data,
+What is measured (issue 6; ``--model wide_mlp`` since issue 11): ResNet-18 for CIFAR
+(11,173,962 parameters; on this CPU the *compute-bound* regime) or ``train.models.wide_mlp``
+(12,660,234 parameters at about 60 ms of compute: the *communication-bound* regime a GPU
+cluster is in), synthetic data,
 batch 32 per rank, SGD (Nesterov 0.9, weight decay 1e-4), 2 ranks over Gloo in a network
 namespace whose loopback is limited by tc tbf (``bench/netns_run.sh``) to 100 Mbit/s,
 1 Gbit/s, or unlimited. In ONE run per link, interleaved round by round (so the noise of a
@@ -66,7 +69,8 @@ def worker(args) -> None:
     hvd.init()
     rank = hvd.rank()
     torch.manual_seed(100 + rank)
-    x = torch.randn(args.batch, 3, 32, 32)
+    x = (torch.randn(args.batch, 784) if args.model == "wide_mlp"
+         else torch.randn(args.batch, 3, 32, 32))
     y = torch.randint(0, 10, (args.batch,))
 
     def calibration_threshold(model, density):
@@ -88,7 +92,12 @@ def worker(args) -> None:
             continue
         for d in densities:
             torch.manual_seed(0)
-            model, source = resnet18()
+            if args.model == "wide_mlp":
+                from train.models import wide_mlp
+
+                model, source = wide_mlp(), "train.models.wide_mlp (communication-bound)"
+            else:
+                model, source = resnet18()
             base = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, nesterov=True,
                                    weight_decay=1e-4)
             label = method if d is None else f"{method} d={d}"
@@ -217,6 +226,9 @@ def main() -> None:
     ap.add_argument("--methods", nargs="+", default=list(DEFAULT_METHODS))
     ap.add_argument("--densities", nargs="+", type=float, default=[0.01, 0.001])
     ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--model", choices=("resnet18", "wide_mlp"), default="resnet18",
+                    help="resnet18: the compute-bound regime on this CPU; wide_mlp "
+                    "(12.7M parameters, ~60 ms of compute): the communication-bound one")
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--sparse-warmup", type=int, default=5,
                     help="untimed iterations of sparse methods (threshold settling)")
@@ -225,7 +237,9 @@ def main() -> None:
     ap.add_argument("--np", type=int, default=2)
     ap.add_argument("--quick", action="store_true",
                     help="1 round of 1 iteration, 2 sparse warm-ups, density 0.001 only, batch 8")
-    ap.add_argument("--json", type=Path, default=REPO / "bench/results/bandwidth.json")
+    ap.add_argument("--json", type=Path, default=None,
+                    help="default: bench/results/bandwidth.json (resnet18), "
+                    "bench/results/bandwidth-wide_mlp.json (wide_mlp)")
     ap.add_argument("--table-only", action="store_true",
                     help="print the tables of an earlier run's --json file")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
@@ -233,6 +247,9 @@ def main() -> None:
     if args.quick:
         args.rounds, args.per_round, args.densities, args.batch = 1, 1, [0.001], 8
         args.sparse_warmup = 2
+    if args.json is None:
+        suffix = "" if args.model == "resnet18" else f"-{args.model}"
+        args.json = REPO / f"bench/results/bandwidth{suffix}.json"
     if args.worker:
         worker(args)
         return
@@ -242,18 +259,18 @@ def main() -> None:
         return
     results = {}
     for rate in args.rates:
-        out = REPO / f"bench/results/bandwidth-{rate}.part.json"
+        out = REPO / f"bench/results/bandwidth-{args.model}-{rate}.part.json"
         out.unlink(missing_ok=True)
         argv = [sys.executable, "-m", "bench.bandwidth", "--worker", str(out),
                 "--methods", *args.methods, "--densities", *map(str, args.densities),
-                "--batch", str(args.batch), "--warmup", str(args.warmup),
+                "--batch", str(args.batch), "--model", args.model, "--warmup", str(args.warmup),
                 "--sparse-warmup", str(args.sparse_warmup),
                 "--rounds", str(args.rounds), "--per-round", str(args.per_round)]
         cmd = [str(REPO / "bench/netns_run.sh"), rate, "1500",
                *horovodrun_cmd(args.np, "gloo", argv)]
         started = time.time()
         log = run_bounded(cmd, timeout=1600, env={"PYTHONPATH": str(REPO)}).stdout
-        (REPO / f"bench/results/bandwidth-{rate}.log").write_text(log)
+        (REPO / f"bench/results/bandwidth-{args.model}-{rate}.log").write_text(log)
         results[rate] = json.loads(out.read_text())
         out.unlink()
         print(table(rate, results[rate]), f"\n\n(wall {time.time() - started:.0f} s)\n",
