@@ -241,10 +241,13 @@ class SparseReducer:
             if grad is not None and grad.is_sparse:
                 status, grad = SPARSE_GRADIENT, None
             view = grad is not None and self._is_residual_view(grad, start)
-            if not view and grad is not None and grad.requires_grad and watching:
-                # backward(create_graph=True) replaced the view by view + g_t: a_t is in
-                # there, but so is e_t, and nothing tells the two cases apart.
-                status = GRAPH_GRADIENT
+            if not view and grad is not None and grad.requires_grad:
+                if watching:
+                    # backward(create_graph=True) replaced the view by view + g_t: a_t is
+                    # in there, but so is e_t, and nothing tells the two cases apart.
+                    status, grad = GRAPH_GRADIENT, None
+                else:  # the exchange is not differentiable (nor is Horovod's allreduce)
+                    grad = grad.detach()
             in_place = in_place and (view or grad is None)
             grads.append(None if view else grad)
         if in_place:

@@ -1,0 +1,89 @@
+"""Rank bodies for tests/test_zero_copy.py: zero-copy error feedback (issue 11), where
+``zero_grad()`` makes each ``.grad`` a view of the residual and backward adds into it."""
+
+from __future__ import annotations
+
+import warnings
+
+import horovod.torch as hvd
+import torch
+from simulation import injected_gradient
+
+import horovod_micro as hvm
+
+
+def _optimizer(param, zero_copy=True, density=0.05):
+    return hvm.DistributedOptimizer(
+        torch.optim.SGD([param], lr=0.0), named_parameters=[("flat", param)],
+        compression=hvm.Compression.micro(density=density), zero_copy=zero_copy)
+
+
+def _residual(opt) -> torch.Tensor:
+    return opt.state_dict()["horovod_micro"]["residual"]
+
+
+def variants(numel, iterations, seed=0):
+    """The same backward-driven run three ways: zero-copy, ``zero_copy=False``, and
+    ``mixed`` (rank 0 zero-copy, the others ``model.zero_grad()``-style None gradients).
+    Per variant and iteration: what ``.grad`` held before backward, the exchanged gradient,
+    the residual and the threshold."""
+    out = {}
+    for label in ("zero_copy", "copy", "mixed"):
+        param = torch.nn.Parameter(torch.zeros(numel))
+        opt = _optimizer(param, zero_copy=label != "copy")
+        records = []
+        for t in range(iterations):
+            opt.zero_grad()
+            if label == "mixed" and hvd.rank() != 0:
+                param.grad = None
+            before = None if param.grad is None else param.grad.tolist()
+            (param * injected_gradient(hvd.rank(), t, numel, seed)).sum().backward()
+            opt.step()
+            records.append({"before": before, "grad": param.grad.tolist(),
+                            "residual": _residual(opt).tolist(),
+                            "threshold": opt.last_stats.threshold,
+                            "native": opt.compression._selector.use_native})
+        out[label] = records
+    return out
+
+
+def tampered(numel, iterations, seed=0):
+    """``.grad.mul_(0.5)`` between backward and ``synchronize()`` at step 0 (what an
+    unscale_ or a clip before synchronize() does): a warning, and separate gradients from
+    then on."""
+    param = torch.nn.Parameter(torch.zeros(numel))
+    opt = _optimizer(param)
+    records, caught = [], []
+    for t in range(iterations):
+        opt.zero_grad()
+        grad_was_none = param.grad is None
+        (param * injected_gradient(hvd.rank(), t, numel, seed)).sum().backward()
+        if t == 0:
+            param.grad.mul_(0.5)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            opt.step()
+        caught += [str(w.message) for w in seen]
+        records.append({"grad": param.grad.tolist(), "residual": _residual(opt).tolist(),
+                        "threshold": opt.last_stats.threshold,
+                        "grad_was_none": grad_was_none})
+    return {"records": records, "warnings": caught}
+
+
+def create_graph(numel):
+    """Rank 1 runs backward(create_graph=True) into the views: every rank raises the same
+    error; with zero_copy=False the same step goes through."""
+    out = {}
+    for zero_copy in (True, False):
+        param = torch.nn.Parameter(torch.ones(numel))
+        opt = _optimizer(param, zero_copy=zero_copy)
+        opt.zero_grad()
+        loss = (param * param).sum()
+        loss.backward(create_graph=hvd.rank() == 1)
+        try:
+            opt.synchronize()
+            out[str(zero_copy)] = None
+        except hvm.CollectiveInputError as error:
+            out[str(zero_copy)] = str(error)
+        param.grad = None  # break the graph's reference cycle
+    return out

@@ -1,0 +1,75 @@
+"""Zero-copy error feedback (issue 11): ``zero_grad()`` makes each ``.grad`` a view of the
+residual ``e_t``, so backward builds ``a_t = e_t + g_t`` in place. On real ranks, against
+the independent simulation of tests/simulation.py:
+
+* zero-copy, ``zero_copy=False`` and a mix of both across ranks give the same exchanged
+  gradients and residuals as the simulation (also on MPI, and with the device-generic
+  torch selection that a GPU would use);
+* an in-place write into ``.grad`` before ``synchronize()`` is detected: a warning, and
+  separate gradient buffers from then on, with results still those of the simulation fed
+  with what the gradient became;
+* ``backward(create_graph=True)`` on one rank is a clear error on every rank.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from multirank import run_ranks
+from simulation import injected_gradient, simulate_micro
+
+NUMEL, ITERATIONS, SEED = 300, 5, 4
+
+
+def _assert_matches(records, sim, rank):
+    for t, rec in enumerate(records):
+        msg = f"iteration {t}, rank {rank}"
+        torch.testing.assert_close(torch.tensor(rec["grad"]), sim[t]["grad"], rtol=1e-6,
+                                   atol=1e-9, msg=msg)
+        torch.testing.assert_close(torch.tensor(rec["residual"]), sim[t]["residual"][rank],
+                                   rtol=1e-6, atol=1e-9, msg=msg)
+
+
+@pytest.mark.parametrize("backend,select", [("gloo", "native"), ("mpi", "native"),
+                                            ("gloo", "torch")])
+def test_zero_copy_equals_copy_and_the_simulation(backend, select):
+    env = {"HOROVOD_MICRO_SELECT": "torch"} if select == "torch" else {}
+    results = run_ranks("ranks_zero_copy:variants", np=2, backend=backend, env=env,
+                        kwargs={"numel": NUMEL, "iterations": ITERATIONS, "seed": SEED})
+    grads = [[injected_gradient(r, t, NUMEL, SEED) for r in range(2)]
+             for t in range(ITERATIONS)]
+    for res in results:
+        runs = res.value
+        sim = simulate_micro(grads, [rec["threshold"] for rec in runs["zero_copy"]], 2)
+        for label, records in runs.items():
+            assert all(rec["native"] == (select == "native") for rec in records), label
+            _assert_matches(records, sim, res.rank)
+            # Every variant takes exactly the same path through the numbers.
+            assert [r["grad"] for r in records] == [r["grad"] for r in runs["copy"]], label
+        # zero_grad() showed the residual itself as .grad (zero-copy), or None (copy).
+        for t, rec in enumerate(runs["zero_copy"]):
+            want = sim[t - 1]["residual"][res.rank] if t else torch.zeros(NUMEL)
+            torch.testing.assert_close(torch.tensor(rec["before"]), want)
+        assert all(rec["before"] is None for rec in runs["copy"])
+
+
+def test_in_place_write_before_synchronize_is_detected():
+    results = run_ranks("ranks_zero_copy:tampered", np=2,
+                        kwargs={"numel": NUMEL, "iterations": ITERATIONS, "seed": SEED})
+    grads = [[injected_gradient(r, t, NUMEL, SEED) * (0.5 if t == 0 else 1.0)
+              for r in range(2)] for t in range(ITERATIONS)]
+    for res in results:
+        out = res.value
+        assert len(out["warnings"]) == 1 and "modified in place" in out["warnings"][0]
+        # Separate gradients after the detection: zero_grad() leaves None.
+        assert [r["grad_was_none"] for r in out["records"]] == [False] + [True] * (
+            ITERATIONS - 1)
+        sim = simulate_micro(grads, [r["threshold"] for r in out["records"]], 2)
+        _assert_matches(out["records"], sim, res.rank)
+
+
+def test_create_graph_is_an_error_on_every_rank():
+    results = run_ranks("ranks_zero_copy:create_graph", np=2, kwargs={"numel": 64})
+    for res in results:
+        assert "rank 1" in res.value["True"] and "create_graph" in res.value["True"]
+        assert res.value["False"] is None
