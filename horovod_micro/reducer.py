@@ -112,6 +112,11 @@ class SparseReducer:
         self._views_version: int | None = None
         self._view_accumulations = 0
         self._starts = {id(p): start for p, (start, _) in zip(layout.params, layout.slices)}
+        # Per parameter: did its gradient come dense at the last synchronize()? Only then
+        # does it get a view: backward would silently densify a sparse gradient (an
+        # nn.Embedding(sparse=True)) into a dense .grad, where the sparse one must be
+        # refused (SPARSE_GRADIENT). So the first step always takes the out-of-place path.
+        self._dense_before = [False] * len(layout.params)
 
     def reduce(self) -> StepStats:
         """Exchange the current ``.grad`` of every parameter and replace it by the result.
@@ -236,8 +241,9 @@ class SparseReducer:
         status = OK
         grads = []
         in_place = True
-        for p, (start, _) in zip(self.layout.params, self.layout.slices):
+        for i, (p, (start, _)) in enumerate(zip(self.layout.params, self.layout.slices)):
             grad = p.grad
+            self._dense_before[i] = grad is not None and not grad.is_sparse
             if grad is not None and grad.is_sparse:
                 status, grad = SPARSE_GRADIENT, None
             view = grad is not None and self._is_residual_view(grad, start)
@@ -299,11 +305,14 @@ class SparseReducer:
         """Make each parameter's ``.grad`` its slice of the residual ``e_t``, so that the
         next backward accumulates ``g_t`` straight into it (``a_t`` then costs no pass).
         Parameters whose dtype differs from the flat buffer's (float16 with a float32
-        residual) keep ``.grad = None`` and take the out-of-place path. With
+        residual), and those whose gradient at the last step was missing or sparse (so
+        always on the first step), keep ``.grad = None`` and take the out-of-place path. With
         ``zero_copy`` off (or switched off by :meth:`_check_views`), every ``.grad``
         becomes None instead."""
-        for p, (start, end) in zip(self.layout.params, self.layout.slices):
-            if self.zero_copy and p.dtype == self.residual.dtype and p.requires_grad:
+        for p, (start, end), dense in zip(self.layout.params, self.layout.slices,
+                                          self._dense_before):
+            if (self.zero_copy and dense and p.dtype == self.residual.dtype
+                    and p.requires_grad):
                 p.grad = self.residual[start:end].view_as(p)
             else:
                 p.grad = None

@@ -48,9 +48,9 @@ def variants(numel, iterations, seed=0):
 
 
 def tampered(numel, iterations, seed=0):
-    """``.grad.mul_(0.5)`` between backward and ``synchronize()`` at step 0 (what an
-    unscale_ or a clip before synchronize() does): a warning, and separate gradients from
-    then on."""
+    """``.grad.mul_(0.5)`` between backward and ``synchronize()`` at step 1, the first with
+    views (what an unscale_ or a clip before synchronize() does): a warning, and separate
+    gradients from then on."""
     param = torch.nn.Parameter(torch.zeros(numel))
     opt = _optimizer(param)
     records, caught = [], []
@@ -58,7 +58,7 @@ def tampered(numel, iterations, seed=0):
         opt.zero_grad()
         grad_was_none = param.grad is None
         (param * injected_gradient(hvd.rank(), t, numel, seed)).sum().backward()
-        if t == 0:
+        if t == 1:
             param.grad.mul_(0.5)
         with warnings.catch_warnings(record=True) as seen:
             warnings.simplefilter("always")
@@ -71,12 +71,15 @@ def tampered(numel, iterations, seed=0):
 
 
 def create_graph(numel):
-    """Rank 1 runs backward(create_graph=True) into the views: every rank raises the same
-    error; with zero_copy=False the same step goes through."""
+    """After a first plain step, rank 1 runs backward(create_graph=True) into the views:
+    every rank raises the same error; with zero_copy=False the same step goes through."""
     out = {}
     for zero_copy in (True, False):
         param = torch.nn.Parameter(torch.ones(numel))
         opt = _optimizer(param, zero_copy=zero_copy)
+        opt.zero_grad()
+        (param * param).sum().backward()
+        opt.step()
         opt.zero_grad()
         loss = (param * param).sum()
         loss.backward(create_graph=hvd.rank() == 1)
