@@ -69,9 +69,13 @@ def worker(args) -> None:
     hvd.init()
     rank = hvd.rank()
     torch.manual_seed(100 + rank)
-    x = (torch.randn(args.batch, 784) if args.model == "wide_mlp"
-         else torch.randn(args.batch, 3, 32, 32))
-    y = torch.randint(0, 10, (args.batch,))
+    # A pool of random batches with random labels, cycled per iteration: one fixed batch
+    # is memorised (the wide MLP within tens of steps), its gradient collapses, and the
+    # density controller chases a vanishing scale.
+    shape = (784,) if args.model == "wide_mlp" else (3, 32, 32)
+    pool = [(torch.randn(args.batch, *shape), torch.randint(0, 10, (args.batch,)))
+            for _ in range(32)]
+    x, y = pool[0]
 
     def calibration_threshold(model, density):
         model.zero_grad()
@@ -115,11 +119,14 @@ def worker(args) -> None:
 
     def iteration(cfg):
         model, opt = cfg["model"], cfg["opt"]
+        cfg.setdefault("t", 0)
         hvd.allreduce(torch.zeros(1), name="line-up")
         wire0 = int(lo_tx.read_text())
         t0 = time.perf_counter()
         opt.zero_grad()
-        torch.nn.functional.cross_entropy(model(x), y).backward()
+        bx, by = pool[cfg["t"] % len(pool)]
+        cfg["t"] = cfg.get("t", 0) + 1
+        torch.nn.functional.cross_entropy(model(bx), by).backward()
         t1 = time.perf_counter()
         if cfg["method"] != "compute":
             opt.synchronize()

@@ -47,6 +47,10 @@ VARIANTS = {
     "micro": {},
     "micro-copy": {"zero_copy": False},
 }
+# A pool of random batches with random labels, cycled: with one fixed batch the wide MLP
+# memorises it within tens of steps, its gradient collapses, and the density controller
+# chases a vanishing scale (counts of 0 and then 40x k).
+POOL = 64
 PHASES = ("accumulate", "check", "select", "indices", "values", "exchange_local", "update",
           "write_back")
 
@@ -70,7 +74,8 @@ def worker(args) -> None:
         torch.manual_seed(0)
         model = build_model(args.model)
         torch.manual_seed(100 + hvd.rank())
-        x, y = _data(args.model, torch)
+        batches = [_data(args.model, torch) for _ in range(POOL)]
+        x, y = batches[0]
         base = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         opt = base
         if VARIANTS[label] is not None:
@@ -79,14 +84,16 @@ def worker(args) -> None:
                 base, named_parameters=model.named_parameters(),
                 compression=hvm.Compression.micro(density=args.density, initial_threshold=t0),
                 **VARIANTS[label])
-        runs[label] = {"model": model, "opt": opt, "x": x, "y": y, "rows": []}
+        runs[label] = {"model": model, "opt": opt, "batches": batches, "rows": [], "t": 0}
 
     def iteration(run, label, keep):
         model, opt = run["model"], run["opt"]
         hvd.allreduce(torch.zeros(1), name="line-up")
         t0 = time.perf_counter()
         opt.zero_grad()
-        torch.nn.functional.cross_entropy(model(run["x"]), run["y"]).backward()
+        x, y = run["batches"][run["t"] % POOL]
+        run["t"] += 1
+        torch.nn.functional.cross_entropy(model(x), y).backward()
         t1 = time.perf_counter()
         if label != "compute":
             opt.synchronize()
