@@ -42,7 +42,8 @@ def variants(numel, iterations, seed=0):
             records.append({"before": before, "grad": param.grad.tolist(),
                             "residual": _residual(opt).tolist(),
                             "threshold": opt.last_stats.threshold,
-                            "native": opt.compression._selector.use_native})
+                            "native": opt.compression._selector.use_native,
+                            "phases": opt.last_stats.phases})
         out[label] = records
     return out
 

@@ -16,3 +16,18 @@ def test_stats_log_flushes_every_record(tmp_path):
             rows = [json.loads(line) for line in path.read_text().splitlines()]
             assert [r["iteration"] for r in rows] == list(range(t + 1))
             assert rows[-1]["load_imbalance"] == 1.0
+
+
+def test_phase_clock_splits_a_phase_into_its_collectives():
+    """``PhaseClock.split`` replaces a phase by the parts measured inside it plus the rest,
+    in place, so ``StepStats.phases`` reads in the order of the step."""
+    from horovod_micro.stats import PhaseClock
+
+    clock = PhaseClock()
+    clock.seconds = {"select": 1.0, "exchange": 5.0, "update": 2.0}
+    clock.split("exchange", {"indices": 3.0, "values": 1.5})
+    assert list(clock.seconds) == ["select", "indices", "values", "exchange_local", "update"]
+    assert clock.seconds["exchange_local"] == 0.5
+    assert clock.total == 8.0
+    clock.lap("write_back")
+    assert list(clock.seconds)[-1] == "write_back" and clock.seconds["write_back"] >= 0.0

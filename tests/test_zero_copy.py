@@ -53,6 +53,12 @@ def test_zero_copy_equals_copy_and_the_simulation(backend, select):
             torch.testing.assert_close(torch.tensor(rec["before"]),
                                        sim[t - 1]["residual"][res.rank])
         assert all(rec["before"] is None for rec in runs["copy"])
+        # Every step timed its phases, in the order of the step.
+        for rec in runs["zero_copy"]:
+            assert list(rec["phases"]) == ["accumulate", "check", "select", "indices",
+                                           "values", "exchange_local", "update",
+                                           "write_back"]
+            assert all(v >= 0.0 for v in rec["phases"].values())
 
 
 def test_in_place_write_before_synchronize_is_detected():
