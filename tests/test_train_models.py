@@ -10,11 +10,15 @@ def test_resnet18_has_the_cifar_parameter_count():
     assert sum(p.numel() for p in resnet18(num_classes=10).parameters()) == 11_173_962
 
 
+# Input shapes by model: the CIFAR models take 3x32x32; the others their dataset's images.
+INPUTS = {"digits_cnn": (2, 1, 8, 8), "wide_mlp": (2, 1, 28, 28), "fmnist_mlp": (2, 1, 28, 28)}
+
+
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_forward_backward_shapes(name):
     torch.manual_seed(0)
     model = build_model(name, num_classes=7)
-    shape = (2, 1, 8, 8) if name == "digits_cnn" else (2, 3, 32, 32)
+    shape = INPUTS.get(name, (2, 3, 32, 32))
     out = model(torch.randn(shape))
     assert out.shape == (2, 7)
     out.sum().backward()

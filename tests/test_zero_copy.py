@@ -53,11 +53,14 @@ def test_zero_copy_equals_copy_and_the_simulation(backend, select):
             torch.testing.assert_close(torch.tensor(rec["before"]),
                                        sim[t - 1]["residual"][res.rank])
         assert all(rec["before"] is None for rec in runs["copy"])
-        # Every step timed its phases, in the order of the step.
+        # Every step timed its phases, in the order of the step (the value allreduce is
+        # skipped, and so untimed, on a step that selected nothing).
+        order = ["accumulate", "check", "select", "indices", "values", "exchange_local",
+                 "update", "write_back"]
         for rec in runs["zero_copy"]:
-            assert list(rec["phases"]) == ["accumulate", "check", "select", "indices",
-                                           "values", "exchange_local", "update",
-                                           "write_back"]
+            phases = list(rec["phases"])
+            assert phases == [p for p in order if p in phases]
+            assert set(order) - {"values"} <= set(phases)
             assert all(v >= 0.0 for v in rec["phases"].values())
 
 
