@@ -162,13 +162,14 @@ class PartController:
         """This rank's selection in ``acc[start:end]``: (indices, threshold, report)."""
         segment, numel = acc[start:end], acc.numel()
         th0 = self.base_threshold(part, scale)
+        if not 0.0 < th0 < math.inf:  # an all-zero a_t (rms 0): nothing to send or learn
+            return selector(segment, math.inf, start, numel), math.inf, (
+                round(self.bias) if self.correct else round(self.part_target(part)))
         indices = selector(segment, th0, start, numel)
         c0 = indices.numel()
         target = self.part_target(part)
         if not self.correct:
             return indices, th0, c0
-        if scale <= 0.0 or not math.isfinite(th0):  # a zero a_t: nothing to learn from
-            return indices, th0, round(self.bias)
         if target / self.band <= c0 < target:
             return indices, th0, 0
         lo, hi = 0, None
