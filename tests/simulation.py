@@ -156,6 +156,11 @@ def simulate_micro(grads: list[list[torch.Tensor]], thresholds, n: int,
     return history
 
 
+def per_rank_thresholds(traces: list[list[dict]], key: str = "threshold") -> list[list]:
+    """``thresholds[t][r]`` from every rank's per-iteration records ``traces[r][t]``."""
+    return [[trace[t][key] for trace in traces] for t in range(len(traces[0]))]
+
+
 class BoundedRule:
     """The default controller (``controller="bounded"``) stated from its definition
     (README, "The density controller"), in plain Python: each part p has a multiplier

@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 import torch
 from multirank import run_ranks
-from simulation import injected_gradient, simulate_micro
+from simulation import injected_gradient, per_rank_thresholds, simulate_micro
 
 NUMEL, ITERATIONS, SEED = 300, 5, 4
 
@@ -38,9 +38,9 @@ def test_zero_copy_equals_copy_and_the_simulation(backend, select):
                         kwargs={"numel": NUMEL, "iterations": ITERATIONS, "seed": SEED})
     grads = [[injected_gradient(r, t, NUMEL, SEED) for r in range(2)]
              for t in range(ITERATIONS)]
+    sim = simulate_micro(grads, per_rank_thresholds([r.value["zero_copy"] for r in results]), 2)
     for res in results:
         runs = res.value
-        sim = simulate_micro(grads, [rec["threshold"] for rec in runs["zero_copy"]], 2)
         for label, records in runs.items():
             assert all(rec["native"] == (select == "native") for rec in records), label
             _assert_matches(records, sim, res.rank)
@@ -58,13 +58,13 @@ def test_in_place_write_before_synchronize_is_detected():
                         kwargs={"numel": NUMEL, "iterations": ITERATIONS, "seed": SEED})
     grads = [[injected_gradient(r, t, NUMEL, SEED) * (0.5 if t == 0 else 1.0)
               for r in range(2)] for t in range(ITERATIONS)]
+    sim = simulate_micro(grads, per_rank_thresholds([r.value["records"] for r in results]), 2)
     for res in results:
         out = res.value
         assert len(out["warnings"]) == 1 and "modified in place" in out["warnings"][0]
         # Separate gradients after the detection: zero_grad() leaves None.
         assert [r["grad_was_none"] for r in out["records"]] == [False] + [True] * (
             ITERATIONS - 1)
-        sim = simulate_micro(grads, [r["threshold"] for r in out["records"]], 2)
         _assert_matches(out["records"], sim, res.rank)
 
 
