@@ -64,7 +64,7 @@ def test_closest_step_equals_a_scan_of_the_ladder():
         up = rng.random() < 0.5
         offset, lo = (100, 0) if up else (150, -rng.randint(1, 40))
 
-        def count(j, offset=offset):
+        def count(j, offset=offset, counts=counts):
             return counts[min(offset + j, 199)]
 
         if (count(0) >= target) != up:
