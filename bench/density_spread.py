@@ -161,9 +161,16 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=50)
     ap.add_argument("--timeout", type=float, default=3600)
     ap.add_argument("--json", type=Path, default=REPO / "bench/results/density_spread.json")
+    ap.add_argument("--table", action="store_true", help="print the table of --json only")
     args = ap.parse_args()
     if args.rank_body:
         rank_body(json.loads(args.rank_body))
+        return
+    if args.table:
+        order = {name: i for i, name in enumerate(list(SETUPS) + list(CONTROLLERS))}
+        cells = sorted(json.loads(args.json.read_text()), key=lambda c: (
+            order[c["dataset"]], -c["density"], c["n"], order[c["controller"]]))
+        print(table(cells))
         return
     cells = json.loads(args.json.read_text()) if args.json.exists() else []
     for dataset in args.datasets:
