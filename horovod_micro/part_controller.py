@@ -132,7 +132,7 @@ class PartController:
     integral_gain: float = 0.2
     integral_clamp: float = 0.5
     band: float = 1.25
-    bias: float = 12.0
+    bias: float = 4.0
     gamma: float = 1.5
     max_down: int = 128
     max_step: float = 128.0

@@ -170,7 +170,7 @@ class BoundedRule:
     j = 0), searching upward from a count at or above the target, keeping the base for a
     count in ``[target / 1.25, target)``, and searching ``[-J, 0]`` below that, with
     ``J = min(max(ceil(log(1.5 target / max(c, 1/2)) / (2 log q)), 1), 128)``. Every rank
-    then moves ``log m_p`` by ``0.5 (j - 12) log q`` for the part it reported (clamped to
+    then moves ``log m_p`` by ``0.5 (j - 4) log q`` for the part it reported (clamped to
     128 steps) and ``k* = k (1 - 0.2 * sum_t (k_t / k - 1))``, clamped to [0.5 k, 1.5 k].
     Counts are found by scanning the whole ladder range (no search)."""
 
@@ -225,7 +225,7 @@ class BoundedRule:
         self.excess += sum(counts) / self.k - 1.0
         limit = 128 * math.log(self.q)
         for j, p in zip(self.reports, self.parts):
-            step = 0.5 * (j - 12) * math.log(self.q)
+            step = 0.5 * (j - 4) * math.log(self.q)
             self.log_m[p] += min(max(step, -limit), limit)
 
 

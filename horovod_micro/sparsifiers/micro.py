@@ -102,7 +102,9 @@ class MicroCompressor(Sparsifier):
         else:
             self.controller = PartController(k, [e - s for s, e in self.bounds], self.density,
                                              correct=self.controller_name == "bounded")
-        self._selector = ThresholdSelector(capacity=2 * k // comm.size + 64)
+        # Room for the bounded controller's usual overshoot (its base aims a little low)
+        # without a regrown buffer and a redone pass: an allocation, never written whole.
+        self._selector = ThresholdSelector(capacity=4 * k // comm.size + 64)
 
     def threshold(self) -> float:
         """The threshold of this rank's last selection (before the first: the shared one,
