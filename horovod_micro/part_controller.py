@@ -13,9 +13,10 @@ Design, per iteration ``t``, on rank ``r`` owning part ``p`` (``n`` parts, ``k``
 * **Scale-free base threshold:** ``th0 = m_p * rms(a_t)`` where ``rms`` is the RMS of this
   rank's whole ``a_t`` (from the squared norm the reducer computes anyway for its NaN
   check: no extra pass), and ``m_p`` is part ``p``'s multiplier, one per part.
-* **Per-part target:** ``t_p = k* * |p| / N``: every part carries its size's share of the
-  count, so the ranks' loads are balanced too. ``k* = k * (1 - integral_gain * excess)``
-  (clamped) pays back the running sum of ``k_t / k - 1``, so the mean meets ``k``.
+* **Per-part target:** ``t_p = k* * |p| / N`` (at least 1): every part carries its size's
+  share of the count, so the ranks' loads are balanced too.
+  ``k* = k * (1 - integral_gain * excess)`` (clamped) pays back the running sum of
+  ``k_t / k - 1``, so the mean meets ``k``.
 * **Bounded in-step correction** (``controller="bounded"``): the owner counts
   ``c0 = #{|a| >= th0}`` in its part (the selection pass itself). On the ladder
   ``th0 * q**j`` (``q = 2**(1/64)``, integer ``j``) it then takes the step whose count is
@@ -149,10 +150,12 @@ class PartController:
         return "bounded" if self.correct else "scale"
 
     def part_target(self, part: int) -> float:
-        """``t_p = k* |p| / N`` with the integral term's ``k*``."""
+        """``t_p = k* |p| / N`` with the integral term's ``k*``, at least 1: with fewer
+        wanted coordinates than parts (toy models), a target below one would make the
+        empty selection the closest, and such a part would never send anything."""
         c = self.integral_clamp
         factor = min(max(1.0 - self.integral_gain * self.excess, 1.0 - c), 1.0 + c)
-        return self.target_count * factor * self.sizes[part] / self.numel
+        return max(self.target_count * factor * self.sizes[part] / self.numel, 1.0)
 
     def base_threshold(self, part: int, scale: float) -> float:
         return math.exp(self.log_multipliers[part]) * scale

@@ -328,6 +328,7 @@ def resume_by_broadcast(first, second, density=0.02):
             opt.step()
         s = opt.last_stats
         steps.append({"iteration": s.iteration, "threshold": s.threshold,
+                      "controller": repr(opt.compression.controller.state_dict()),
                       "global_count": s.global_count, "touched": touched})
     params = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     gathered = hvd.allgather(params.unsqueeze(0), name="resume.params")

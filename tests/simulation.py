@@ -166,7 +166,7 @@ class BoundedRule:
     (README, "The density controller"), in plain Python: each part p has a multiplier
     ``m_p`` (start: the Gaussian ``Phi^-1(1 - d/2)``); the owner's base threshold is
     ``m_p * rms(a_t)``; on the ladder ``base * 2**(j/64)`` it takes the step whose count
-    in its part is closest to the part's target ``k* |p| / N`` (log ratio, ties toward
+    in its part is closest to the part's target ``max(k* |p| / N, 1)`` (log ratio, ties toward
     j = 0), searching upward from a count at or above the target, keeping the base for a
     count in ``[target / 1.25, target)``, and searching ``[-J, 0]`` below that, with
     ``J = min(max(ceil(log(1.5 target / max(c, 1/2)) / (2 log q)), 1), 128)``. Every rank
@@ -188,7 +188,7 @@ class BoundedRule:
 
     def target(self, part_size: int) -> float:
         factor = min(max(1.0 - 0.2 * self.excess, 0.5), 1.5)
-        return self.k * factor * part_size / self.numel
+        return max(self.k * factor * part_size / self.numel, 1.0)
 
     def threshold(self, t: int, r: int, acc: torch.Tensor, parts) -> float:
         if r == 0:
