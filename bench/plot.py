@@ -3,6 +3,8 @@
 * ``bench/figures/bandwidth.png``: per link, each method's iteration time split into the
   slower rank's compute and what the exchange adds, with the compute-only bound as a line.
 * ``bench/figures/selection_cost.png``: selection time per method and density (log scale).
+* ``bench/figures/density_spread.png``: actual/target density per iteration, each
+  controller, per dataset and density at n = 2 (bench/density_spread.py).
 
     .venv/bin/python -m bench.plot
 """
@@ -60,8 +62,37 @@ def selection() -> None:
     fig.savefig(FIGURES / "selection_cost.png", dpi=120)
 
 
+def density_spread() -> None:
+    cells = json.loads((RESULTS / "density_spread.json").read_text())
+    panels = sorted({(c["dataset"], c["density"]) for c in cells if c["n"] == 2},
+                    key=lambda p: (p[0], -p[1]))
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6), sharey=True)
+    axes = axes if len(panels) > 1 else [axes]
+    colors = {"bounded": "#1b9e77", "scale": "#7570b3", "newton": "#d95f02",
+              "paper": "#e7298a"}
+    for ax, (dataset, density) in zip(axes, panels):
+        for name in ("paper", "newton", "scale", "bounded"):  # the default drawn on top
+            for c in cells:
+                if (c["dataset"], c["density"], c["n"], c["controller"]) == (
+                        dataset, density, 2, name):
+                    ax.plot([max(r, 1e-3) for r in c["ratios"]],
+                            lw=1.2 if name == "bounded" else 0.6, color=colors[name],
+                            label=name)
+        ax.axhspan(0.75, 1.25, color="0.85", zorder=0)
+        ax.axvline(50, color="k", lw=0.6, ls=":")
+        ax.set_yscale("log")
+        ax.set_title(f"{dataset}, d={density}, n=2", fontsize=9)
+        ax.set_xlabel("iteration")
+    axes[0].set_ylabel("actual / target density (band: +-25 %)")
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(FIGURES / "density_spread.png", dpi=120)
+
+
 if __name__ == "__main__":
     FIGURES.mkdir(parents=True, exist_ok=True)
     selection()
     if (RESULTS / "bandwidth.json").exists():
         bandwidth()
+    if (RESULTS / "density_spread.json").exists():
+        density_spread()

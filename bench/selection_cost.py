@@ -23,6 +23,15 @@ section 1 and "Machine and caveats".
 
     .venv/bin/python -m bench.selection_cost [--reps 11] [--quick] [--warm]
         [--json bench/results/selection_cost.json]
+
+``--controllers`` measures instead each density controller's whole ``select`` (what the
+``select`` phase of a step runs: the kernel, the gather of the selected values, the slope
+probe or the ladder search, and the bounded controller's extra pass when it makes one)
+over part 0 at n = 2 and 4, next to the read floor of that part, with the base threshold
+at the exact one, 4 ladder steps (2^(4/64), 4.4 %) below it (the bounded controller's
+usual case: its bias aims low, and the ladder search trims upward) and 50 % above it (the
+count far too low: the extra pass). Issue 14's accounting: mean cost = cost without the
+pass + share of iterations with the pass (bench/density_spread.py) x the pass.
 """
 
 from __future__ import annotations
@@ -64,7 +73,12 @@ def main() -> None:
     ap.add_argument("--synthetic", action="store_true",
                     help="a N(0,1) vector instead of a real ResNet-18 gradient")
     ap.add_argument("--json", type=Path, help="write the medians here")
+    ap.add_argument("--controllers", action="store_true",
+                    help="time each density controller's whole select (issue 14)")
     args = ap.parse_args()
+    if args.controllers:
+        controller_costs(args)
+        return
     reps = 3 if args.quick else args.reps
     densities = (0.001,) if args.quick else DENSITIES
     torch.set_num_threads(1)
@@ -155,6 +169,65 @@ def main() -> None:
             "median_ms": {f"{d}|{label}": v for (d, label), v in med.items()},
             "selected": {f"{d}|{label}": v for (d, label), v in counts.items()},
         }, indent=1))
+
+
+
+def controller_costs(args) -> None:
+    """Each controller's whole ``select`` over part 0 vs the read floor (see the module
+    docstring), cold cache unless ``--warm``."""
+    import math
+
+    from horovod_micro.density_controller import DensityController
+    from horovod_micro.part_controller import PartController
+
+    torch.set_num_threads(1)
+    g, source = (torch.randn(11_173_962), "N(0,1)") if args.synthetic else real_gradient()
+    N, reps = g.numel(), 3 if args.quick else args.reps
+    scale = math.sqrt(float(torch.dot(g, g)) / N)
+    flush_buf = torch.ones(16 * 1024 * 1024)
+    print(f"# whole select() per controller: N = {N:,} ({source}), part 0, 1 thread, "
+          f"{reps} repetitions, medians, {'warm' if args.warm else 'cold'} cache\n")
+    print("| density | n | case | ms | read floor ms | this / floor | selected | extra pass |")
+    print("|---:|---:|---|---:|---:|---:|---:|---|")
+    results = {}
+    for d in (0.001,) if args.quick else DENSITIES:
+        for n in (2, 4):
+            bounds = part_bounds(N, n)
+            s, e = bounds[0]
+            k = int(d * N)
+            exact = kth_magnitude(g[s:e], int(k * (e - s) / N))
+            cases = {"newton (kernel + probe)": ("newton", 1.0),
+                     "bounded, base at target": ("bounded", 1.0),
+                     "bounded, base 4 % low (usual: bias 4 steps)": ("bounded", 2.0 ** (-4 / 64)),
+                     "bounded, base 50 % high (extra pass)": ("bounded", 1.5)}
+            for label, (kind, factor) in cases.items():
+                times, floors, counts, passes = [], [], 0, 0
+                # One selector per case, as one per optimizer in training: its buffer's
+                # capacity grows once (a redone pass) and stays.
+                selector = ThresholdSelector(capacity=2 * k // n + 64)
+                for _ in range(reps):
+                    if kind == "newton":
+                        ctl = DensityController(k, threshold=exact)
+                    else:
+                        ctl = PartController(k, [b - a for a, b in bounds], d)
+                        ctl.log_multipliers[0] = math.log(factor * exact / scale)
+                    if not args.warm:
+                        flush_buf.sum()
+                    out = {}
+                    times.append(timed(lambda ctl=ctl, sel=selector, out=out, s=s, e=e:
+                                       out.setdefault("r", ctl.select(g, s, e, 0, sel,
+                                                                      scale))))
+                    counts = out["r"][0].numel()
+                    passes = getattr(ctl, "extra_passes", 0)
+                    if not args.warm:
+                        flush_buf.sum()
+                    floors.append(timed(lambda s=s, e=e: torch.sum(g[s:e])))
+                ms, floor = median(times) * 1e3, median(floors) * 1e3
+                results[f"{d}|{n}|{label}"] = {"ms": ms, "floor_ms": floor, "count": counts}
+                print(f"| {d} | {n} | {label} | {ms:.2f} | {floor:.2f} | {ms / floor:.2f} | "
+                      f"{counts:,} | {'yes' if passes else 'no'} |", flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":

@@ -30,12 +30,25 @@ loops:
 
 Every rank feeds the same global counts through the same double-precision operations, so
 every rank holds a bit-identical threshold without communicating it.
+
+This module holds the controllers that steer one threshold shared by all ranks: this one
+(``controller="newton"``) and the authors' rule as written (``controller="paper"``,
+:class:`PaperController`). The scale-free, per-part controllers (``"bounded"``, the
+default, and ``"scale"``) are in :mod:`horovod_micro.part_controller`. Every controller
+offers the same three calls to :class:`~horovod_micro.sparsifiers.micro.MicroCompressor`:
+``select`` (this rank's choice in the part it owns, and the integer it reports in the index
+exchange's header), ``observe`` (the update from the gathered counts and reports, the same
+on every rank) and ``state_dict``/``load_state_dict``.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
+import torch
+
+from .selection import ThresholdSelector
 
 STATE_VERSION = 1
 # What the controller learns while it runs; everything else (gains, clamps) is code and
@@ -135,14 +148,99 @@ class DensityController:
         self.threshold = math.exp(math.log(self.threshold) + step)
         return self.threshold
 
+    # ----- the interface MicroCompressor uses (see the module docstring) -----------------
+    name = "newton"
+
+    def select(self, acc: torch.Tensor, start: int, end: int, part: int,
+               selector: ThresholdSelector, scale: float) -> tuple[torch.Tensor, float, int]:
+        """``|a| >= threshold`` in ``acc[start:end]``; reports how many selected entries
+        also pass ``probe_threshold`` (the slope probe: a pass over the selected values
+        only). Returns (indices, threshold used, report)."""
+        del part, scale
+        indices = selector(acc[start:end], self.threshold, start, acc.numel())
+        above = int((acc.index_select(0, indices).abs() >= self.probe_threshold).sum())
+        return indices, self.threshold, above
+
+    def observe(self, counts: list[int], reports: list[int], parts: list[int]) -> None:
+        """The update from the gathered per-rank counts and reports (identical everywhere)."""
+        del parts
+        self.update(sum(counts), sum(reports))
+
+    def rescale(self, ratio: float) -> None:
+        self.threshold *= ratio
+
     def state_dict(self) -> dict:
         return {"version": STATE_VERSION, **{f: getattr(self, f) for f in STATE_FIELDS}}
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore the learned state (a version-0 state, which also held the gains, too)."""
+        """Restore the learned state. Versions 0 and 1 are this controller's (written before
+        the ``controller`` option existed); a state that names another controller is
+        refused."""
         version = state.get("version", 0)
+        check_state(state, self.name, accept_unnamed=True)
         if version > STATE_VERSION:
             raise ValueError(f"density controller state version {version} is newer than this "
                              f"horovod_micro understands ({STATE_VERSION})")
         for f in STATE_FIELDS:
             setattr(self, f, state[f])
+
+
+def check_state(state: dict, name: str, accept_unnamed: bool = False) -> None:
+    """Refuse a controller state written by another controller, saying what to do."""
+    saved = state.get("controller")
+    if saved is None and accept_unnamed:
+        return
+    if saved != name:
+        saved = saved or "newton"  # unnamed states predate the option: all were newton's
+        raise ValueError(
+            f"this density controller state was written by controller={saved!r}, but this "
+            f"optimizer uses controller={name!r}; pass "
+            f"hvm.Compression.micro(..., controller={saved!r}) to resume it")
+
+
+@dataclass
+class PaperController:
+    """The authors' rule as written (notes, MiCRO item 5), for faithful reproduction.
+
+    From the previous global count ``k_{t-1}``: ``ratio = k_{t-1} / k``; ``ratio > 1.1``
+    multiplies the threshold by 1.005, ``0.909 < ratio <= 1.1`` by 1.00125, anything
+    else by 0.995. Start: ``1 / (2 sqrt(k))``. (Inside the band the threshold only rises,
+    so the density drifts to about 0.91 k; steps are at most 0.5 % per iteration.)
+    """
+
+    target_count: int
+    threshold: float = 0.0
+    name = "paper"
+
+    def __post_init__(self) -> None:
+        if self.threshold <= 0.0:
+            self.threshold = initial_threshold(self.target_count)
+
+    def update(self, count: int) -> float:
+        ratio = count / self.target_count
+        if ratio > 1.1:
+            self.threshold *= 1.005
+        elif ratio > 0.909:
+            self.threshold *= 1.00125
+        else:
+            self.threshold *= 0.995
+        return self.threshold
+
+    def select(self, acc: torch.Tensor, start: int, end: int, part: int,
+               selector: ThresholdSelector, scale: float) -> tuple[torch.Tensor, float, int]:
+        del part, scale
+        return selector(acc[start:end], self.threshold, start, acc.numel()), self.threshold, 0
+
+    def observe(self, counts: list[int], reports: list[int], parts: list[int]) -> None:
+        del reports, parts
+        self.update(sum(counts))
+
+    def rescale(self, ratio: float) -> None:
+        self.threshold *= ratio
+
+    def state_dict(self) -> dict:
+        return {"version": 2, "controller": self.name, "threshold": self.threshold}
+
+    def load_state_dict(self, state: dict) -> None:
+        check_state(state, self.name)
+        self.threshold = state["threshold"]

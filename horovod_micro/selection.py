@@ -59,6 +59,17 @@ def index_dtype(numel: int) -> torch.dtype:
     return torch.int32 if numel <= INT32_MAX else torch.int64
 
 
+def count_abs_ge(x: torch.Tensor, threshold: float) -> int:
+    """How many entries of ``x`` have ``|x| >= threshold``, without writing any index: the
+    native kernel with a zero-capacity buffer on contiguous CPU float32 (it compares in
+    float, exactly as :class:`ThresholdSelector` does, so a count here equals the size of
+    the selection there), torch ops elsewhere."""
+    if (_native_select is not None and not forced_torch() and x.device.type == "cpu"
+            and x.dtype == torch.float32 and x.is_contiguous()):
+        return int(_native_select(x.data_ptr(), x.numel(), threshold, 0, None, 0))
+    return int((x.abs() >= threshold).sum())
+
+
 class ThresholdSelector:
     """Selects ``|x| >= threshold`` in a contiguous segment.
 

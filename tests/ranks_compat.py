@@ -192,7 +192,8 @@ def broadcast_state(mode, density):
         out.append({"optimizer": name, "options": index, "differences": differences,
                     "states": [expected_states, after["num_states"]],
                     "finite_after_next_step": bool(flat_params(model).isfinite().all()),
-                    "micro_iteration": iteration, "next_threshold": _threshold(opt)})
+                    "micro_iteration": iteration, "next_threshold": _threshold(opt),
+                    "controller": repr(opt.compression.state_dict()) if sparse else None})
     return out
 
 

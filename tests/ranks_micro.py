@@ -20,10 +20,13 @@ def _flat_param_optimizer(numel, compression, **kwargs):
 
 
 def exchange_trace(numel, iterations, density, seed=0, skew=0.0, op="average",
-                   initial_threshold=None, fp16_values=False, error_feedback=True):
-    """Per iteration: exchanged gradient, threshold, counts, residual, bytes."""
+                   initial_threshold=None, fp16_values=False, error_feedback=True,
+                   controller="bounded"):
+    """Per iteration: exchanged gradient, threshold, counts, residual, bytes, and the
+    controller's state after the step."""
     compression = hvm.Compression.micro(density=density, initial_threshold=initial_threshold,
-                                        fp16_values=fp16_values, error_feedback=error_feedback)
+                                        fp16_values=fp16_values, error_feedback=error_feedback,
+                                        controller=controller)
     opt, param = _flat_param_optimizer(numel, compression,
                                        op=hvd.Average if op == "average" else hvd.Sum)
     trace = []
@@ -36,13 +39,15 @@ def exchange_trace(numel, iterations, density, seed=0, skew=0.0, op="average",
             "density": stats.density, "residual": residual.tolist(),
             "residual_norm": stats.residual_norm, "bytes_sent": stats.bytes_sent,
             "bytes_received": stats.bytes_received, "iteration": stats.iteration,
+            "controller": compression.controller.state_dict(),
         })
     return trace
 
 
 def empty_selection(numel, iterations):
     """A threshold far above every gradient: nobody selects anything for a while."""
-    trace = exchange_trace(numel, iterations, density=0.01, initial_threshold=1e6)
+    trace = exchange_trace(numel, iterations, density=0.01, initial_threshold=1e6,
+                           controller="newton")
     return [{"global_count": t["global_count"], "grad_abs_sum": sum(map(abs, t["grad"])),
              "threshold": t["threshold"]} for t in trace]
 
@@ -86,9 +91,10 @@ def nonfinite(numel, bad_rank, bad_iteration, iterations):
 
 
 def digits_density_trace(density, iterations, batch=32, hidden=(512, 256), lr=0.05, seed=0,
-                         controller=None):
-    """Train an MLP on scikit-learn's bundled digits with MiCRO; per-iteration density,
-    threshold and loss."""
+                         controller=None, controller_name="bounded"):
+    """Train an MLP on scikit-learn's bundled digits with MiCRO (``controller_name``'s
+    density controller; ``controller``: attributes to override on it); per iteration the
+    density, global count, this rank's threshold, the controller's state and the loss."""
     from sklearn.datasets import load_digits
 
     torch.manual_seed(seed)
@@ -104,7 +110,8 @@ def digits_density_trace(density, iterations, batch=32, hidden=(512, 256), lr=0.
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, nesterov=True,
                           weight_decay=1e-4)
     opt = hvm.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
-                                   compression=hvm.Compression.micro(density=density))
+                                   compression=hvm.Compression.micro(
+                                       density=density, controller=controller_name))
     hvd.broadcast_optimizer_state(opt, root_rank=0)
     for key, value in (controller or {}).items():
         setattr(opt.compression.controller, key, value)
@@ -118,5 +125,7 @@ def digits_density_trace(density, iterations, batch=32, hidden=(512, 256), lr=0.
         opt.step()
         s = opt.last_stats
         trace.append({"density": s.density, "threshold": s.threshold, "loss": float(loss),
-                      "target_density": s.target_density, "numel": s.numel})
+                      "target_density": s.target_density, "numel": s.numel,
+                      "global_count": s.global_count, "target_count": s.target_count,
+                      "state": repr(opt.compression.controller.state_dict())})
     return trace

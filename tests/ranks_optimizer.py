@@ -56,7 +56,7 @@ def checkpoint_resume(first, second, density=0.02):
     saved_model = {k: v.clone() for k, v in model.state_dict().items()}
     # torch's state_dict() holds references to live buffers; a checkpoint is a copy.
     saved_opt = copy.deepcopy(opt.state_dict())
-    saved_threshold = opt.compression.threshold()
+    saved_controller = repr(opt.compression.controller.state_dict())
     _train(model, opt, x, y, first, first + second)
     straight = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     straight_state = opt.state_dict()["horovod_micro"]
@@ -66,7 +66,7 @@ def checkpoint_resume(first, second, density=0.02):
     resumed_model.load_state_dict(saved_model)
     resumed_opt = _build(resumed_model, density)
     resumed_opt.load_state_dict(saved_opt)
-    restored_threshold = resumed_opt.compression.threshold()
+    restored_controller = repr(resumed_opt.compression.controller.state_dict())
     _train(resumed_model, resumed_opt, x, y, first, first + second)
     resumed = torch.cat([p.detach().reshape(-1) for p in resumed_model.parameters()])
     resumed_state = resumed_opt.state_dict()["horovod_micro"]
@@ -75,9 +75,9 @@ def checkpoint_resume(first, second, density=0.02):
         "max_residual_diff": float((straight_state["residual"]
                                     - resumed_state["residual"]).abs().max()),
         "iterations": [straight_state["iteration"], resumed_state["iteration"]],
-        "thresholds": [straight_state["sparsifier"]["controller"]["threshold"],
-                       resumed_state["sparsifier"]["controller"]["threshold"]],
-        "threshold_restored": restored_threshold == saved_threshold,
+        "thresholds": [repr(straight_state["sparsifier"]["controller"]),
+                       repr(resumed_state["sparsifier"]["controller"])],
+        "threshold_restored": restored_controller == saved_controller,
         "residual_nonzero": bool(straight_state["residual"].abs().sum() > 0),
     }
 
@@ -328,6 +328,7 @@ def resume_by_broadcast(first, second, density=0.02):
             opt.step()
         s = opt.last_stats
         steps.append({"iteration": s.iteration, "threshold": s.threshold,
+                      "controller": repr(opt.compression.controller.state_dict()),
                       "global_count": s.global_count, "touched": touched})
     params = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     gathered = hvd.allgather(params.unsqueeze(0), name="resume.params")

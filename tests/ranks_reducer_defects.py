@@ -38,9 +38,10 @@ def traces(runs, numel, iterations, seed=0, dtype="float32", inject=()):
     for run in runs:
         param = torch.nn.Parameter(torch.zeros(numel, dtype=DTYPES[dtype]))
         opt = _optimizer([("flat", param)], run)
-        out[run["label"]] = [_record(*item) for item in feed_gradients(
-            opt, param, hvd.rank(), iterations, numel, seed, step=False,
-            inject=[tuple(i) for i in inject])]
+        out[run["label"]] = [
+            dict(_record(*item), controller=repr(opt.compression.state_dict()))
+            for item in feed_gradients(opt, param, hvd.rank(), iterations, numel, seed,
+                                       step=False, inject=[tuple(i) for i in inject])]
     return out
 
 

@@ -109,11 +109,16 @@ def contiguous_parts(numel: int, n: int) -> list[tuple[int, int]]:
     return bounds
 
 
-def simulate_micro(grads: list[list[torch.Tensor]], thresholds: list[float], n: int,
+def simulate_micro(grads: list[list[torch.Tensor]], thresholds, n: int,
                    average: bool = True, error_feedback: bool = True,
                    probe: float = 1.25, wire=identity) -> list[dict]:
     """MiCRO on n simulated workers. ``grads[t][r]`` is rank r's gradient at iteration t
     (any float dtype: the residuals and the result take it).
+
+    ``thresholds[t]``: the threshold of iteration t, one number for every rank (the
+    shared-threshold controllers) or a list with one per rank (the scale-free ones, whose
+    thresholds differ from rank to rank); or a :class:`BoundedRule`, which decides every
+    rank's threshold from its ``a_t`` as the default controller does.
 
     Returns per iteration: the aggregated gradient, each rank's selection, each rank's
     residual after the exchange, how many selected entries reach ``probe`` times the
@@ -124,22 +129,104 @@ def simulate_micro(grads: list[list[torch.Tensor]], thresholds: list[float], n: 
     parts = contiguous_parts(numel, n)
     residual = [torch.zeros(numel, dtype=grads[0][0].dtype) for _ in range(n)]
     history = []
-    for t, threshold in enumerate(thresholds):
+    rule = thresholds if isinstance(thresholds, BoundedRule) else None
+    for t in range(len(grads) if rule else len(thresholds)):
         acc = [(residual[r] if error_feedback else 0) + grads[t][r] for r in range(n)]
+        if rule:
+            threshold = [rule.threshold(t, r, acc[r], parts) for r in range(n)]
+        else:
+            threshold = thresholds[t]
+        per_rank = threshold if isinstance(threshold, list | tuple) else [threshold] * n
         selections = []
         for r in range(n):
             start, end = parts[(t + r) % n]
-            local = torch.nonzero(acc[r][start:end].abs() >= threshold).view(-1) + start
+            local = torch.nonzero(acc[r][start:end].abs() >= per_rank[r]).view(-1) + start
             selections.append(local)
-        above_probe = sum(int((acc[r][sel].abs() >= threshold * probe).sum())
+        if rule:
+            rule.observe([len(s) for s in selections])
+        above_probe = sum(int((acc[r][sel].abs() >= per_rank[r] * probe).sum())
                           for r, sel in enumerate(selections))
         union = torch.cat(selections)
         summed = allreduce_sum([acc[r][union] for r in range(n)], wire)
         out, residual, finite = exchange_outcome(acc, union, summed / n if average else summed,
                                                  [union] * n, wire, error_feedback)
         history.append({"grad": out, "selections": selections, "above_probe": above_probe,
+                        "thresholds": per_rank,
                         "residual": [x.clone() for x in residual], "finite": finite})
     return history
+
+
+def per_rank_thresholds(traces: list[list[dict]], key: str = "threshold") -> list[list]:
+    """``thresholds[t][r]`` from every rank's per-iteration records ``traces[r][t]``."""
+    return [[trace[t][key] for trace in traces] for t in range(len(traces[0]))]
+
+
+class BoundedRule:
+    """The default controller (``controller="bounded"``) stated from its definition
+    (README, "The density controller"), in plain Python: each part p has a multiplier
+    ``m_p`` (start: the Gaussian ``Phi^-1(1 - d/2)``); the owner's base threshold is
+    ``m_p * rms(a_t)``; on the ladder ``base * 2**(j/64)`` it takes the step whose count
+    in its part is closest to the part's target ``max(k* |p| / N, 1)`` (log ratio, ties toward
+    j = 0), searching upward from a count at or above the target, keeping the base for a
+    count in ``[target / 1.25, target)``, and searching ``[-J, 0]`` below that, with
+    ``J = min(max(ceil(log(1.5 target / max(c, 1/2)) / (2 log q)), 1), 128)``. Every rank
+    then moves ``log m_p`` by ``0.5 (j - 4) log q`` for the part it reported (clamped to
+    128 steps) and ``k* = k (1 - 0.2 * sum_t (k_t / k - 1))``, clamped to [0.5 k, 1.5 k].
+    Counts are found by scanning the whole ladder range (no search)."""
+
+    q = 2.0 ** (1.0 / 64.0)
+
+    def __init__(self, density: float, numel: int, n: int):
+        from statistics import NormalDist
+
+        self.k = math.floor(density * numel)
+        self.numel, self.n = numel, n
+        self.log_m = [math.log(NormalDist().inv_cdf(1 - density / 2))] * n
+        self.excess = 0.0
+        self.reports: list[int] = []
+        self.parts: list[int] = []
+
+    def target(self, part_size: int) -> float:
+        factor = min(max(1.0 - 0.2 * self.excess, 0.5), 1.5)
+        return max(self.k * factor * part_size / self.numel, 1.0)
+
+    def threshold(self, t: int, r: int, acc: torch.Tensor, parts) -> float:
+        if r == 0:
+            self.reports, self.parts = [], []
+        p = (t + r) % self.n
+        start, end = parts[p]
+        values = acc[start:end].abs()
+        base = math.exp(self.log_m[p]) * math.sqrt(float(acc.double().pow(2).sum()) / acc.numel())
+        target = self.target(end - start)
+
+        def count(j: int) -> int:
+            return int((values >= base * self.q ** j).sum())
+
+        def err(j: int) -> float:
+            return abs(math.log(max(count(j), 0.5) / target))
+
+        c0 = count(0)
+        if c0 >= target:
+            steps, j = [0], 0
+            while count(j) > 0:
+                j += 1
+                steps.append(j)
+        elif c0 >= target / 1.25:
+            steps = [0]
+        else:
+            depth = math.ceil(math.log(1.5 * target / max(c0, 0.5)) / (2 * math.log(self.q)))
+            steps = list(range(-min(max(depth, 1), 128), 1))
+        best = min(steps, key=lambda j: (err(j), abs(j)))
+        self.reports.append(best)
+        self.parts.append(p)
+        return base * self.q ** best
+
+    def observe(self, counts: list[int]) -> None:
+        self.excess += sum(counts) / self.k - 1.0
+        limit = 128 * math.log(self.q)
+        for j, p in zip(self.reports, self.parts):
+            step = 0.5 * (j - 4) * math.log(self.q)
+            self.log_m[p] += min(max(step, -limit), limit)
 
 
 def feed_gradients(opt, param: torch.nn.Parameter, rank: int, iterations: int,

@@ -9,7 +9,7 @@ import horovod.torch as hvd
 import pytest
 import torch
 from ranks_baselines import _record
-from simulation import rank_gradient, simulate_micro
+from simulation import BoundedRule, rank_gradient, simulate_micro
 from test_baselines import ALL_METHODS, ITERATIONS, NUMEL, SEED, VARIANTS, check_traces
 
 import horovod_micro as hvm
@@ -52,14 +52,23 @@ def test_baseline_on_loopback_ranks_equals_simulation(label, n):
     check_traces(results, [spec], n)
 
 
+@pytest.mark.parametrize("controller", ["bounded", "newton", "paper", "scale"])
 @pytest.mark.parametrize("n", [2, 3, 4])
-def test_micro_on_loopback_ranks_equals_simulation(n):
-    per_rank = loopback_traces(n, "micro", {"density": 0.02})
-    thresholds = [step["threshold"] for step in per_rank[0]]
+def test_micro_on_loopback_ranks_equals_simulation(n, controller):
+    per_rank = loopback_traces(n, "micro", {"density": 0.02, "controller": controller})
     grads = [[rank_gradient(r, t, NUMEL, SEED) for r in range(n)] for t in range(ITERATIONS)]
-    sim = simulate_micro(grads, thresholds, n)
+    if controller == "bounded":  # the simulation decides the thresholds from the rule
+        sim = simulate_micro(grads, BoundedRule(0.02, NUMEL, n), n)
+        thresholds = [step["thresholds"] for step in sim]
+        for r, trace in enumerate(per_rank):
+            assert [s["threshold"] for s in trace] == pytest.approx(
+                [step[r] for step in thresholds], rel=1e-5)
+    else:  # the ranks' reported thresholds; shared ones are identical on every rank
+        thresholds = [[trace[t]["threshold"] for trace in per_rank] for t in range(ITERATIONS)]
+        if controller != "scale":
+            assert all(len(set(step)) == 1 for step in thresholds)
+        sim = simulate_micro(grads, thresholds, n)
     for r, trace in enumerate(per_rank):
-        assert [step["threshold"] for step in trace] == thresholds  # identical on every rank
         for t, step in enumerate(trace):
             torch.testing.assert_close(torch.tensor(step["grad"]), sim[t]["grad"])
             torch.testing.assert_close(torch.tensor(step["residual"]), sim[t]["residual"][r])

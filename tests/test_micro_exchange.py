@@ -3,22 +3,34 @@
 import pytest
 import torch
 from multirank import run_ranks
-from simulation import contiguous_parts, fp16_round_trip, identity, rank_gradient, simulate_micro
+from simulation import (
+    BoundedRule,
+    contiguous_parts,
+    fp16_round_trip,
+    identity,
+    rank_gradient,
+    simulate_micro,
+)
 
 from horovod_micro.density_controller import DensityController
 
 
 def _check_against_simulation(results, n, numel, iterations, seed, skew, average=True,
                               error_feedback=True, rtol=1e-5, atol=1e-7, wire=identity):
+    """The default controller: the simulation decides every rank's threshold itself from
+    the rule's definition (simulation.BoundedRule); the ranks' thresholds must match it."""
     traces = [r.value for r in results]
-    # Identical thresholds on every rank, bit for bit, every iteration.
+    # The controller's state is identical on every rank, bit for bit, every iteration.
     for t in range(iterations):
-        assert len({trace[t]["threshold_hex"] for trace in traces}) == 1, t
-    thresholds = [traces[0][t]["threshold"] for t in range(iterations)]
+        assert len({repr(trace[t]["controller"]) for trace in traces}) == 1, t
     grads = [[rank_gradient(r, t, numel, seed, skew) for r in range(n)]
              for t in range(iterations)]
-    sim = simulate_micro(grads, thresholds, n, average=average,
+    sim = simulate_micro(grads, BoundedRule(0.02, numel, n), n, average=average,
                          error_feedback=error_feedback, wire=wire)
+    for t in range(iterations):
+        for r in range(n):
+            assert traces[r][t]["threshold"] == pytest.approx(sim[t]["thresholds"][r],
+                                                              rel=1e-5), (t, r)
     parts = contiguous_parts(numel, n)
     for t in range(iterations):
         want = sim[t]
@@ -36,12 +48,28 @@ def _check_against_simulation(results, n, numel, iterations, seed, skew, average
                                        want["residual"][r], rtol=1e-5, atol=1e-7)
         union = sum(len(s) for s in want["selections"])
         assert traces[0][t]["global_count"] == union
-    # The thresholds are the controller's response to the global counts, on every rank.
+    return traces
+
+
+def test_newton_controller_equals_simulation():
+    """controller="newton": one shared threshold, the Newton controller's response to the
+    global counts and the slope probe."""
+    n, numel, iterations, seed = 2, 1003, 7, 11
+    results = run_ranks("ranks_micro:exchange_trace", np=n,
+                        kwargs={"numel": numel, "iterations": iterations, "density": 0.02,
+                                "seed": seed, "controller": "newton"})
+    traces = [r.value for r in results]
+    for t in range(iterations):
+        assert len({trace[t]["threshold_hex"] for trace in traces}) == 1, t
+    thresholds = [traces[0][t]["threshold"] for t in range(iterations)]
+    grads = [[rank_gradient(r, t, numel, seed) for r in range(n)] for t in range(iterations)]
+    sim = simulate_micro(grads, thresholds, n)
+    for t in range(iterations):
+        assert traces[0][t]["rank_counts"] == [len(s) for s in sim[t]["selections"]]
     controller = DensityController(int(0.02 * numel))
     for t in range(iterations - 1):
         assert controller.threshold == thresholds[t]
         controller.update(traces[0][t]["global_count"], sim[t]["above_probe"])
-    return traces
 
 
 @pytest.mark.parametrize("np_,backend,skew", [(2, "gloo", 0.0), (2, "mpi", 3.0),

@@ -16,7 +16,13 @@ import math
 import pytest
 import torch
 from multirank import run_ranks
-from simulation import fp16_round_trip, identity, injected_gradient, simulate_micro
+from simulation import (
+    fp16_round_trip,
+    identity,
+    injected_gradient,
+    per_rank_thresholds,
+    simulate_micro,
+)
 from simulation_baselines import (
     simulate_cltk,
     simulate_gtopk,
@@ -56,7 +62,7 @@ def simulate(spec, n, grads, traces):
     method, numel = spec["method"], grads[0][0].numel()
     k = math.floor(kw.get("density", DENSITY) * numel)
     if method == "micro":
-        return simulate_micro(grads, [t["threshold"] for t in traces[0]], n, **common)
+        return simulate_micro(grads, per_rank_thresholds(traces), n, **common)
     if method == "topk":
         return simulate_topk(grads, n, k, **common)
     if method == "cltk":
@@ -153,7 +159,7 @@ def test_mixed_dtypes_write_back_in_each_parameters_dtype():
                 parts.append(flat[start:start + size].to(getattr(torch, dtype)).double())
                 start += size
             grads[t].append(torch.cat(parts))
-    sim = simulate_micro(grads, [rec["threshold"] for rec in results[0].value], n)
+    sim = simulate_micro(grads, per_rank_thresholds([r.value for r in results]), n)
     for res in results:
         for t, rec in enumerate(res.value):
             assert rec["residual_dtype"] == "torch.float64"
@@ -227,9 +233,10 @@ def test_nonfinite_step_keeps_the_finite_residual(backend_):
         # The test has teeth: the step's selected coordinates hold finite residual mass.
         # On rank 0 at most 3, 7 and 160 (where the aggregate can be non-finite) are 0.
         assert int(torch.count_nonzero(sim[2]["residual"][0])) >= NUMEL - 3, label
-    # The threshold is left unchanged by a non-finite step.
+    # The controller is left unchanged by a non-finite step (its state after step 2, the
+    # non-finite one, is its state after step 1).
     micro = results[0].value["micro"]
-    assert micro[3]["threshold"] == micro[2]["threshold"]
+    assert micro[2]["controller"] == micro[1]["controller"]
 
 
 # ----- 4. finiteness check ------------------------------------------------------------------
@@ -307,11 +314,12 @@ def test_grad_views_in_place_equal_fresh_grads():
     results = run_ranks("ranks_reducer_defects:grad_views", np=2,
                         kwargs={"numel": numel, "iterations": iterations, "seed": 9})
     grads = [[injected_gradient(r, t, numel, 9) for r in range(2)] for t in range(iterations)]
+    sim = simulate_micro(grads, per_rank_thresholds(
+        [r.value["set_to_none=True"] for r in results]), 2)
     for res in results:
         fresh, in_place = res.value["set_to_none=True"], res.value["set_to_none=False"]
         assert all(rec["grad_is_view"] for rec in in_place)
         assert in_place == [dict(rec, grad_is_view=True) for rec in fresh]
-        sim = simulate_micro(grads, [rec["threshold"] for rec in fresh], 2)
         for t, rec in enumerate(in_place):
             torch.testing.assert_close(torch.tensor(rec["grad"]), sim[t]["grad"], rtol=1e-6,
                                        atol=1e-9)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 import torch
 from multirank import run_ranks
-from simulation import injected_gradient, simulate_micro
+from simulation import injected_gradient, per_rank_thresholds, simulate_micro
 
 NUMEL, ITERATIONS, SEED = 300, 5, 4
 
@@ -38,9 +38,9 @@ def test_zero_copy_equals_copy_and_the_simulation(backend, select):
                         kwargs={"numel": NUMEL, "iterations": ITERATIONS, "seed": SEED})
     grads = [[injected_gradient(r, t, NUMEL, SEED) for r in range(2)]
              for t in range(ITERATIONS)]
+    sim = simulate_micro(grads, per_rank_thresholds([r.value["zero_copy"] for r in results]), 2)
     for res in results:
         runs = res.value
-        sim = simulate_micro(grads, [rec["threshold"] for rec in runs["zero_copy"]], 2)
         for label, records in runs.items():
             assert all(rec["native"] == (select == "native") for rec in records), label
             _assert_matches(records, sim, res.rank)
@@ -69,21 +69,21 @@ def test_in_place_write_before_synchronize_is_detected():
                         kwargs={"numel": NUMEL, "iterations": ITERATIONS, "seed": SEED})
     grads = [[injected_gradient(r, t, NUMEL, SEED) for r in range(2)]
              for t in range(ITERATIONS)]
+    thresholds = per_rank_thresholds([r.value["records"] for r in results])
+    # At step 1 the halving hit a_1 = e_1 + g_1 whole: in the simulation's terms the
+    # gradient was 0.5 g_1 - 0.5 e_1, with e_1 the residual after step 0.
+    e_1 = simulate_micro(grads[:1], thresholds[:1], 2)[0]["residual"]
+    fed = [row[:] for row in grads]
+    fed[1] = [0.5 * grads[1][r] - 0.5 * e_1[r] for r in range(2)]
+    sim = simulate_micro(fed, thresholds, 2)
     for res in results:
         out = res.value
         assert len(out["warnings"]) == 1 and "modified in place" in out["warnings"][0]
         # Views at step 1 only; separate gradients after the detection: None.
         assert [r["grad_was_none"] for r in out["records"]] == [True, False] + [True] * (
             ITERATIONS - 2)
-        thresholds = [r["threshold"] for r in out["records"]]
-        # At step 1 the halving hit a_1 = e_1 + g_1 whole: in the simulation's terms the
-        # gradient was 0.5 g_1 - 0.5 e_1, with e_1 the residual after step 0.
-        e_1 = simulate_micro(grads[:1], thresholds[:1], 2)[0]["residual"]
-        fed = [row[:] for row in grads]
-        fed[1] = [0.5 * grads[1][r] - 0.5 * e_1[r] for r in range(2)]
         # (0.5 (e + g) and e + (0.5 g - 0.5 e) round differently in float32: a few ulps.)
-        _assert_matches(out["records"], simulate_micro(fed, thresholds, 2), res.rank,
-                        atol=1e-6)
+        _assert_matches(out["records"], sim, res.rank, atol=1e-6)
 
 
 def test_create_graph_is_an_error_on_every_rank():

@@ -54,6 +54,14 @@ if ! command -v mpirun >/dev/null 2>&1 || ! command -v mpicc >/dev/null 2>&1; th
     DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -q libopenmpi-dev openmpi-bin
 fi
 
+# 1b. Fashion-MNIST (Debian's dataset-fashion-mnist: the idx files under
+#     /usr/share/datasets/fashion-mnist, for python -m train --dataset fashion-mnist).
+if [ ! -d /usr/share/datasets/fashion-mnist ]; then
+    log "installing Fashion-MNIST from Debian's packages"
+    as_root apt-get update -q
+    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -q dataset-fashion-mnist
+fi
+
 # 2. The virtual environment.
 if [ ! -x "$VENV/bin/python" ]; then
     log "creating $VENV"

@@ -19,14 +19,15 @@ class TrainError(RuntimeError):
     checkpoint): ``python -m train`` prints it without a traceback and exits with 2."""
 
 
-DATASETS = ("digits", "cifar10", "cifar100", "synthetic")
+DATASETS = ("digits", "fashion-mnist", "cifar10", "cifar100", "synthetic")
 
 #: Per-dataset defaults of the flags whose argparse default is ``None``.
 #: CIFAR: the paper's recipe (reference scripts of Yoon & Oh: batch 32 per worker, base lr
 #: 0.1 for a global batch of 128 scaled linearly, 5 warm-up epochs, 200 epochs, decay x0.1 at
 #: epoch 150, density 0.001). Digits: a 12-epoch version that finishes in well under a minute
 #: on two CPU ranks; density 0.01 because the model has only 38k weights (0.001 would send
-#: 38 coordinates per step). Synthetic: throughput only (random labels), a few short epochs.
+#: 38 coordinates per step). Fashion-MNIST: a 784-256-10 MLP (203,530 weights), 3 epochs.
+#: Synthetic: throughput only (random labels), a few short epochs.
 RECIPES: dict[str, dict] = {
     "cifar10": dict(model="resnet18", epochs=200, warmup_epochs=5.0, lr_decay_epochs=[150],
                     density=0.001, workers=2),
@@ -34,6 +35,8 @@ RECIPES: dict[str, dict] = {
                      density=0.001, workers=2),
     "digits": dict(model="digits_cnn", epochs=12, warmup_epochs=1.0, lr_decay_epochs=[9],
                    density=0.01, workers=0),
+    "fashion-mnist": dict(model="fmnist_mlp", epochs=3, warmup_epochs=0.5, lr_decay_epochs=[2],
+                          density=0.01, workers=0),
     "synthetic": dict(model="resnet18", epochs=3, warmup_epochs=0.0, lr_decay_epochs=[],
                       density=0.001, workers=0),
 }
@@ -48,7 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     g = p.add_argument_group("model and data")
     g.add_argument("--model", default=None,
-                   help="resnet18 | googlenet | senet18 | digits_cnn (default: by dataset)")
+                   help="resnet18 | googlenet | senet18 | digits_cnn | fmnist_mlp | wide_mlp "
+                        "(default: by dataset)")
     g.add_argument("--dataset", default="digits", choices=DATASETS)
     g.add_argument("--data-dir", default="data",
                    help="CIFAR root: holds cifar-10-batches-py/ or cifar-100-python/")
@@ -64,6 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="hvm.Compression attribute: " + "|".join(compressor_names()))
     g.add_argument("--density", type=float, default=None,
                    help="target density of sparse compressors (default: by dataset)")
+    g.add_argument("--controller", default=None,
+                   help="MiCRO's density controller: bounded (default) | scale | newton | "
+                        "paper (the authors' rule as written)")
 
     g = p.add_argument_group("optimisation (paper recipe)")
     g.add_argument("--epochs", type=int, default=None)

@@ -1,4 +1,5 @@
-"""Datasets and loaders: sklearn's digits (embedded default), CIFAR-10/100, synthetic.
+"""Datasets and loaders: sklearn's digits (embedded default), Fashion-MNIST, CIFAR-10/100,
+synthetic.
 
 CIFAR goes through torchvision's own ``CIFAR10``/``CIFAR100`` classes, which verify every
 file's md5 against the real archive. Tests run the same classes on small CIFAR-format files
@@ -10,6 +11,7 @@ skips the check.
 
 from __future__ import annotations
 
+import gzip
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +34,13 @@ CIFAR_LAYOUT = {
                  "data_batch_5", "test_batch", "batches.meta"]),
     "cifar100": ("cifar-100-python", ["train", "test", "meta"]),
 }
+
+
+#: Where Debian's dataset-fashion-mnist package puts the idx files (tools/setup.sh installs
+#: it); ``--data-dir`` is searched first, under ``fashion-mnist/``.
+FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
+FASHION_MNIST_FILES = {"train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
+                       "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")}
 
 
 class DataNotFoundError(TrainError, FileNotFoundError):
@@ -63,6 +72,8 @@ def build_datasets(name: str, data_dir: str | os.PathLike = "data", download: bo
         return digits_datasets()
     if name == "synthetic":
         return synthetic_datasets(synthetic_size, seed)
+    if name == "fashion-mnist":
+        return fashion_mnist_datasets(Path(data_dir))
     if name in CIFAR_LAYOUT:
         classes = cifar_classes or _default_cifar_classes()
         return cifar_datasets(name, Path(data_dir), download, classes[name])
@@ -84,6 +95,43 @@ def digits_datasets() -> Datasets:
     images = (images - mean) / std
     return Datasets(TensorDataset(images[train_idx], labels[train_idx]),
                     TensorDataset(images[test_idx], labels[test_idx]), 10, 1, 8)
+
+
+def read_idx(path: Path) -> torch.Tensor:
+    """An idx file (gzip-compressed, unsigned bytes: the MNIST format) as a uint8 tensor of
+    the shape its header gives."""
+    import numpy as np
+
+    with gzip.open(path, "rb") as f:
+        raw = f.read()
+    if raw[:2] != b"\x00\x00" or raw[2] != 0x08:
+        raise TrainError(f"{path} is not an unsigned-byte idx file")
+    ndim = raw[3]
+    shape = tuple(int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim))
+    data = np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim)
+    if data.size != int(np.prod(shape)):
+        raise TrainError(f"{path}: header says {shape}, file holds {data.size} bytes")
+    return torch.from_numpy(data.copy()).view(shape)
+
+
+def fashion_mnist_datasets(data_dir: Path) -> Datasets:
+    """Fashion-MNIST (60,000 + 10,000 28x28 grey images, 10 classes) from the idx files in
+    ``data_dir/fashion-mnist`` or, failing that, Debian's package; pixels scaled to [0, 1]
+    and standardised with the training mean/std."""
+    root = next((d for d in (data_dir / "fashion-mnist", FASHION_MNIST_DIR)
+                 if all((d / f).is_file() for pair in FASHION_MNIST_FILES.values()
+                        for f in pair)), None)
+    if root is None:
+        raise DataNotFoundError(
+            f"fashion-mnist not found in {data_dir / 'fashion-mnist'} or {FASHION_MNIST_DIR} "
+            "(apt-get install dataset-fashion-mnist, or put the four idx .gz files there)")
+    sets = {}
+    for split, (images, labels) in FASHION_MNIST_FILES.items():
+        x = read_idx(root / images).float().unsqueeze(1) / 255.0
+        sets[split] = (x, read_idx(root / labels).long())
+    mean, std = sets["train"][0].mean(), sets["train"][0].std()
+    train, test = (((x - mean) / std, y) for x, y in (sets["train"], sets["test"]))
+    return Datasets(TensorDataset(*train), TensorDataset(*test), 10, 1, 28)
 
 
 def synthetic_datasets(size: int, seed: int, num_classes: int = 10) -> Datasets:

@@ -40,9 +40,10 @@ class UnknownCompressorError(TrainError, ValueError):
     """``--compressor`` names nothing in ``hvm.Compression``."""
 
 
-def build_compression(name: str, density: float):
+def build_compression(name: str, density: float, controller: str | None = None):
     """``hvm.Compression.<name>``: dense classes as they are, sparse factories called with
-    ``density``. Unknown names list what this horovod_micro offers."""
+    ``density`` (and MiCRO with ``controller`` when given). Unknown names list what this
+    horovod_micro offers."""
     factory = getattr(hvm.Compression, name, None)
     if factory is None or name.startswith("_"):
         raise UnknownCompressorError(
@@ -50,7 +51,12 @@ def build_compression(name: str, density: float):
             f"(available: {', '.join(compressor_names())})")
     if isinstance(factory, type) and issubclass(factory, HorovodCompressor):
         return factory
-    if "density" in inspect.signature(factory).parameters:
+    params = inspect.signature(factory).parameters
+    if controller is not None:
+        if "controller" not in params:
+            raise TrainError(f"--controller applies to micro, not --compressor {name}")
+        return factory(density=density, controller=controller)
+    if "density" in params:
         return factory(density=density)
     return factory(density)
 
@@ -92,7 +98,8 @@ def setup(args: argparse.Namespace, cifar_classes: dict | None = None) -> Contex
     base = torch.optim.SGD(model.parameters(), lr=peak, momentum=args.momentum,
                            nesterov=not args.no_nesterov and args.momentum > 0,
                            weight_decay=args.weight_decay)
-    compression = build_compression(args.compressor, args.density)
+    compression = build_compression(args.compressor, args.density,
+                                    getattr(args, "controller", None))
     optimizer = hvm.DistributedOptimizer(base, named_parameters=model.named_parameters(),
                                          compression=compression)
     loader, sampler = train_loader(data.train, args.batch_size, args.workers, args.seed,

@@ -15,21 +15,31 @@ Per iteration ``t`` on rank ``r`` of ``n``:
    Traffic per rank is O(k), independent of ``n``.
 4. Every rank zeroes its residual at the union (it sent its value there; with
    ``fp16_values`` it keeps the rounding error, :meth:`Sparsifier.wire_error`).
-5. The threshold is steered from the global count
-   (:mod:`horovod_micro.density_controller`), which
-   every rank knows after step 2, so all thresholds stay identical with no extra message.
+5. The threshold is steered from what every rank knows after step 2 (the counts, and one
+   integer per rank in the gather's header), so every rank holds the same controller state
+   with no extra message. ``controller=`` picks the rule: ``"bounded"`` (default,
+   :mod:`horovod_micro.part_controller`: a scale-free threshold per part, corrected
+   in-step by the part's owner), ``"scale"`` (the same, uncorrected), ``"newton"`` and
+   ``"paper"`` (one shared threshold, :mod:`horovod_micro.density_controller`; "paper"
+   is the authors' rule as written).
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-from ..density_controller import DensityController
+from ..density_controller import DensityController, PaperController
 from ..exchange import Traffic, allreduce_values
+from ..part_controller import PartController
 from ..partition import owned_part, part_bounds
 from ..selection import ThresholdSelector
 from .base import Reduced, Reduction, Selection, Sparsifier
 from .registry import register
+
+#: The density controllers ``controller=`` accepts; the first is the default.
+CONTROLLERS = ("bounded", "scale", "newton", "paper")
 
 
 @register
@@ -39,50 +49,88 @@ class MicroCompressor(Sparsifier):
     Args:
         density: user-set density ``d``; the controller steers the global count toward
             ``k = floor(d N)``.
-        initial_threshold: starting threshold (default ``1 / (2 sqrt(k))``).
+        initial_threshold: starting threshold of the shared-threshold controllers
+            (``"newton"``, ``"paper"``; default ``1 / (2 sqrt(k))``).
+        controller: the density controller, one of :data:`CONTROLLERS` (see the module
+            docstring; README, "The density controller").
         error_feedback, fp16_values: see :class:`~horovod_micro.sparsifiers.base.Sparsifier`.
     """
 
     name = "micro"
 
     def __init__(self, density: float = 0.001, *, initial_threshold: float | None = None,
-                 error_feedback: bool = True, fp16_values: bool = False):
+                 controller: str = "bounded", error_feedback: bool = True,
+                 fp16_values: bool = False):
         super().__init__(density, error_feedback=error_feedback, fp16_values=fp16_values)
         self.initial_threshold = initial_threshold
-        self.controller: DensityController | None = None
+        self.controller_name = controller
+        self.controller: DensityController | PaperController | PartController | None = None
         self.bounds: list[tuple[int, int]] = []
         self._selector = ThresholdSelector()
+        self._scale = 1.0
+        self._threshold: float | None = None
 
     def config(self) -> dict:
-        return {**super().config(), "initial_threshold": self.initial_threshold}
+        config = {**super().config(), "initial_threshold": self.initial_threshold}
+        # Left out for "newton" so that checkpoints written before the option existed
+        # (all of them newton's) still load with controller="newton".
+        if self.controller_name != "newton":
+            config["controller"] = self.controller_name
+        return config
 
     def config_error(self) -> str | None:
-        t = self.initial_threshold
+        t, name = self.initial_threshold, self.controller_name
+        if name not in CONTROLLERS:
+            return (f"micro: unknown controller {name!r}; choose one of "
+                    f"{', '.join(repr(c) for c in CONTROLLERS)}")
         if t is not None and not (isinstance(t, int | float) and t > 0):
             return f"micro: initial_threshold must be a positive number, got {t!r}"
+        if t is not None and name in ("bounded", "scale"):
+            return (f"micro: initial_threshold sets the shared threshold of controller="
+                    f"'newton' or 'paper'; controller={name!r} scales its threshold with "
+                    "each step's gradient (README, the density controller)")
         return super().config_error()
 
     def bind(self, numel, comm) -> None:
         super().bind(numel, comm)
         self.bounds = part_bounds(numel, comm.size)
-        self.controller = DensityController(self.target_count,
-                                            threshold=self.initial_threshold or 0.0)
-        self._selector = ThresholdSelector(capacity=2 * self.target_count // comm.size + 64)
+        k, start = self.target_count, self.initial_threshold or 0.0
+        if self.controller_name == "paper":
+            self.controller = PaperController(k, threshold=start)
+        elif self.controller_name == "newton":
+            self.controller = DensityController(k, threshold=start)
+        else:
+            self.controller = PartController(k, [e - s for s, e in self.bounds], self.density,
+                                             correct=self.controller_name == "bounded")
+        # Room for the bounded controller's usual overshoot (its base aims a little low)
+        # without a regrown buffer and a redone pass: an allocation, never written whole.
+        self._selector = ThresholdSelector(capacity=4 * k // comm.size + 64)
 
     def threshold(self) -> float:
-        return self.controller.threshold
+        """The threshold of this rank's last selection (before the first: the shared one,
+        or for the scale-free controllers None)."""
+        if self._threshold is None:
+            return getattr(self.controller, "threshold", None)
+        return self._threshold
 
     def rescale(self, ratio: float) -> None:
-        self.controller.threshold *= ratio
+        self.controller.rescale(ratio)
+        if self._threshold is not None:
+            self._threshold *= ratio
+
+    def prepare(self, sq_norm: float) -> None:
+        """Keep the RMS of this rank's ``a_t``, the scale-free controllers' scale (a
+        non-finite norm keeps the previous one: that step is skipped or overflowed)."""
+        if math.isfinite(sq_norm):
+            self._scale = math.sqrt(sq_norm / self.numel)
 
     def select(self, acc: torch.Tensor, iteration: int) -> Selection:
-        start, end = self.bounds[owned_part(self.comm.rank, iteration, self.comm.size)]
-        indices = self._selector(acc[start:end], self.controller.threshold, start, self.numel)
-        # The controller's slope probe, sent in the header: how many selected entries also
-        # pass a slightly higher threshold (a pass over the k selected values only).
-        probe = self.controller.probe_threshold
-        above_probe = int((acc.index_select(0, indices).abs() >= probe).sum())
-        return Selection(indices, aux=above_probe)
+        part = owned_part(self.comm.rank, iteration, self.comm.size)
+        start, end = self.bounds[part]
+        indices, self._threshold, report = self.controller.select(
+            acc, start, end, part, self._selector, self._scale)
+        self._iteration = iteration
+        return Selection(indices, aux=report)
 
     def combine(self, acc, selection, gathered, iteration, reduction: Reduction,
                 traffic: Traffic) -> Reduced:
@@ -91,11 +139,13 @@ class MicroCompressor(Sparsifier):
         values = self.wire(acc.index_select(0, union))
         values = allreduce_values(self.comm, values, traffic, reduction.op,
                                   reduction.prescale, reduction.postscale)
-        return Reduced(union, values.to(acc.dtype), union, gathered,
-                       self.controller.threshold)
+        return Reduced(union, values.to(acc.dtype), union, gathered, self._threshold)
 
     def observe(self, reduced: Reduced) -> None:
-        self.controller.update(int(reduced.indices.numel()), sum(reduced.gathered.aux))
+        n = self.comm.size
+        gathered = reduced.gathered
+        self.controller.observe(list(gathered.counts), list(gathered.aux),
+                                [owned_part(r, self._iteration, n) for r in range(n)])
 
     def state_dict(self) -> dict:
         return {"controller": self.controller.state_dict()}

@@ -14,7 +14,7 @@ from .digits import DigitsCNN, digits_cnn
 from .googlenet import GoogLeNet, googlenet
 from .resnet import ResNet, resnet18
 from .senet import SENet, senet18
-from .wide_mlp import WideMLP, wide_mlp
+from .wide_mlp import WideMLP, fmnist_mlp, wide_mlp
 
 MODELS: dict[str, Callable[..., nn.Module]] = {
     "resnet18": resnet18,
@@ -22,6 +22,7 @@ MODELS: dict[str, Callable[..., nn.Module]] = {
     "senet18": senet18,
     "digits_cnn": digits_cnn,
     "wide_mlp": wide_mlp,
+    "fmnist_mlp": fmnist_mlp,
 }
 
 
@@ -35,4 +36,4 @@ def build_model(name: str, num_classes: int) -> nn.Module:
 
 
 __all__ = ["MODELS", "DigitsCNN", "GoogLeNet", "ResNet", "SENet", "build_model", "digits_cnn",
-           "googlenet", "resnet18", "senet18", "WideMLP", "wide_mlp"]
+           "googlenet", "resnet18", "senet18", "WideMLP", "wide_mlp", "fmnist_mlp"]

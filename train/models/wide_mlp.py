@@ -37,3 +37,8 @@ class WideMLP(nn.Module):
 def wide_mlp(num_classes: int = 10, in_features: int = 784) -> WideMLP:
     """The communication-bound regime's model (12,660,234 parameters for 10 classes)."""
     return WideMLP(num_classes=num_classes, in_features=in_features)
+
+
+def fmnist_mlp(num_classes: int = 10, in_features: int = 784) -> WideMLP:
+    """Fashion-MNIST's default model: 784-256-10 (203,530 parameters), a few ms per step."""
+    return WideMLP(num_classes=num_classes, in_features=in_features, widths=(256,))

@@ -1,0 +1,228 @@
+"""Scale-free, per-part density control, with a bounded in-step correction (the default).
+
+Why: the shared-threshold controllers (:mod:`horovod_micro.density_controller`) fix the
+threshold before this iteration's gradient is seen. On a real run the count at a fixed
+threshold scatters from a few percent to several times the target, for two reasons
+measured on digits (2 ranks): the gradient's scale swings from batch to batch, and the
+parts' shares of the large entries swing too (part 0's share of the count at a common
+threshold: 0.37 on average, standard deviation 0.17). No rule that only looks back can
+follow that; the owner of a part, who sees the part, can.
+
+Design, per iteration ``t``, on rank ``r`` owning part ``p`` (``n`` parts, ``k`` wanted):
+
+* **Scale-free base threshold:** ``th0 = m_p * rms(a_t)`` where ``rms`` is the RMS of this
+  rank's whole ``a_t`` (from the squared norm the reducer computes anyway for its NaN
+  check: no extra pass), and ``m_p`` is part ``p``'s multiplier, one per part.
+* **Per-part target:** ``t_p = k* * |p| / N`` (at least 1): every part carries its size's
+  share of the count, so the ranks' loads are balanced too.
+  ``k* = k * (1 - integral_gain * excess)`` (clamped) pays back the running sum of
+  ``k_t / k - 1``, so the mean meets ``k``.
+* **Bounded in-step correction** (``controller="bounded"``): the owner counts
+  ``c0 = #{|a| >= th0}`` in its part (the selection pass itself). On the ladder
+  ``th0 * q**j`` (``q = 2**(1/64)``, integer ``j``) it then takes the step whose count is
+  closest to ``t_p`` (in log ratio; ties toward ``j = 0``):
+
+  - ``c0 >= t_p``: upward (``j >= 0``). Counts at higher thresholds are counts among the
+    values already selected, so this reads only those (O(k/n)), never the part again.
+  - ``t_p / band <= c0 < t_p``: keep ``th0`` (``j = 0``).
+  - ``c0 < t_p / band``: one more pass over the part, at ``th0 * q**-J``, then the closest
+    step in ``[-J, 0]``. ``J = ceil(log(gamma t_p / max(c0, 1/2)) / (2 log q))``, at most
+    ``max_down``: the descent a tail slope of 2 would need to reach ``gamma t_p``. This is
+    the only extra pass, and the base is steered so that it is rare.
+
+  The selection is ``|a| >= th0 * q**j`` in the owned part: still a threshold selection,
+  which the statistics report (per rank) and the simulation replays.
+* **Steering from gathered information only:** each owner reports its step ``j`` in the
+  index exchange's header (the ``aux`` integer, no extra message); every rank then moves
+  ``log m_p += gain * (j - bias) * log q`` for every part, clamped to ``max_step`` steps.
+  ``bias`` steps aim the base a little low, so that the count usually lands above the
+  target, where the correction is cheap. Every rank runs the same float64 arithmetic on
+  the same integers, so the multipliers are bit-identical on every rank.
+* ``controller="scale"``: the same base threshold and per-part targets, no correction; the
+  owner reports ``c0``, and ``log m_p += gain * log(c0 / t_p) / slope`` (a fixed slope).
+
+First step: ``m_p`` starts at ``z(d) = Phi^-1(1 - d / 2)``, the multiplier of the RMS at
+which a Gaussian ``a_t`` would have density ``d``; the correction (``bounded``) then brings
+the first selection's count to the target like any other step (within the ``max_down``
+limit of one pass when the start is far too high).
+
+The thresholds differ from rank to rank (each rank's own RMS and correction), the
+multipliers do not. ``initial_threshold`` has no meaning here and is refused.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from statistics import NormalDist
+
+import torch
+
+from .selection import ThresholdSelector, count_abs_ge
+
+STATE_VERSION = 2
+LADDER = 2.0 ** (1.0 / 64.0)
+
+
+def start_multiplier(density: float) -> float:
+    """``Phi^-1(1 - d/2)``: ``|x| >= z * rms`` keeps a fraction ``d`` of a Gaussian ``x``."""
+    return NormalDist().inv_cdf(1.0 - density / 2.0)
+
+
+def closest_step(count_at, target: float, lo: int, hi: int | None) -> int:
+    """The integer ``j`` in ``[lo, hi]`` whose count is closest to ``target`` in log ratio,
+    and of those the one nearest 0. Two cases only: upward (``lo = 0``, ``hi`` None:
+    unbounded) from a count ``>= target``, and downward (``hi = 0``) to a count
+    ``< target``. ``count_at(j)`` does not increase with ``j`` (a count above a rising
+    threshold), so the answer is where the count crosses ``target``: found by exponential
+    and binary searches (a handful of counts, each over the selected values only)."""
+
+    def err(j: int) -> float:
+        return abs(math.log(max(count_at(j), 0.5) / target))
+
+    def first_at_most(c: float, a: int, b: int) -> int:
+        """The smallest j in [a, b] with count <= c (count(b) <= c)."""
+        while a < b:
+            mid = (a + b) // 2
+            a, b = (a, mid) if count_at(mid) <= c else (mid + 1, b)
+        return a
+
+    def last_at_least(c: float, a: int, b: int) -> int:
+        """The largest j in [a, b] with count >= c (count(a) >= c)."""
+        while a < b:
+            mid = (a + b + 1) // 2
+            a, b = (mid, b) if count_at(mid) >= c else (a, mid - 1)
+        return a
+
+    if hi is None:  # upward
+        top = lo + 1
+        while count_at(top) > target:
+            top = lo + 2 * (top - lo)
+        b = first_at_most(target, lo, top)
+        if b == lo or err(b) < err(b - 1):
+            return b
+        return first_at_most(count_at(b - 1), lo, b - 1)
+    if count_at(lo) < target:  # downward, and even the lowest step stays short
+        return last_at_least(count_at(lo), lo, hi)
+    a = last_at_least(target, lo, hi)
+    if a == hi or err(a) < err(a + 1):
+        return a
+    return last_at_least(count_at(a + 1), a + 1, hi)
+
+
+@dataclass
+class PartController:
+    """Per-part multipliers of a scale-free threshold (see the module docstring).
+
+    Attributes:
+        target_count: ``k``.
+        sizes: the parts' sizes (``|p|``), in part order.
+        density: ``d``, for the start multiplier.
+        correct: whether the owner corrects in-step (``bounded``) or not (``scale``).
+        log_multipliers: ``log m_p`` per part (the learned state, with ``excess``).
+        excess: running sum of ``k_t / k - 1`` (the integral term).
+    """
+
+    target_count: int
+    sizes: list[int]
+    density: float
+    correct: bool = True
+    log_multipliers: list[float] = field(default_factory=list)
+    excess: float = 0.0
+    gain: float = 0.5
+    integral_gain: float = 0.2
+    integral_clamp: float = 0.5
+    band: float = 1.25
+    bias: float = 4.0
+    gamma: float = 1.5
+    max_down: int = 128
+    max_step: float = 128.0
+    slope: float = 4.0
+
+    def __post_init__(self) -> None:
+        if not self.log_multipliers:
+            self.log_multipliers = [math.log(start_multiplier(self.density))] * len(self.sizes)
+        self.numel = sum(self.sizes)
+        self.extra_passes = 0  # this rank's extra selection passes (not state: a statistic)
+
+    @property
+    def name(self) -> str:
+        return "bounded" if self.correct else "scale"
+
+    def part_target(self, part: int) -> float:
+        """``t_p = k* |p| / N`` with the integral term's ``k*``, at least 1: with fewer
+        wanted coordinates than parts (toy models), a target below one would make the
+        empty selection the closest, and such a part would never send anything."""
+        c = self.integral_clamp
+        factor = min(max(1.0 - self.integral_gain * self.excess, 1.0 - c), 1.0 + c)
+        return max(self.target_count * factor * self.sizes[part] / self.numel, 1.0)
+
+    def base_threshold(self, part: int, scale: float) -> float:
+        return math.exp(self.log_multipliers[part]) * scale
+
+    def select(self, acc: torch.Tensor, start: int, end: int, part: int,
+               selector: ThresholdSelector, scale: float) -> tuple[torch.Tensor, float, int]:
+        """This rank's selection in ``acc[start:end]``: (indices, threshold, report)."""
+        segment, numel = acc[start:end], acc.numel()
+        th0 = self.base_threshold(part, scale)
+        if not 0.0 < th0 < math.inf:  # an all-zero a_t (rms 0): nothing to send or learn
+            return selector(segment, math.inf, start, numel), math.inf, (
+                round(self.bias) if self.correct else round(self.part_target(part)))
+        indices = selector(segment, th0, start, numel)
+        c0 = indices.numel()
+        target = self.part_target(part)
+        if not self.correct:
+            return indices, th0, c0
+        if target / self.band <= c0 < target:
+            return indices, th0, 0
+        lo, hi = 0, None
+        if c0 < target / self.band:
+            lo, hi = -self.descent(c0, target), 0
+            self.extra_passes += 1
+            indices = selector(segment, th0 * LADDER ** lo, start, numel)
+        values = acc.index_select(0, indices).abs()
+
+        def count_at(j: int) -> int:
+            return count_abs_ge(values, th0 * LADDER ** j)
+
+        j = closest_step(count_at, target, lo, hi)
+        threshold = th0 * LADDER ** j
+        if j != lo:
+            keep = torch.nonzero(values >= threshold).view(-1)
+            indices = indices.index_select(0, keep)
+        return indices, threshold, j
+
+    def descent(self, c0: int, target: float) -> int:
+        """Ladder steps of the one extra pass when the count is far too low."""
+        steps = math.log(self.gamma * target / max(c0, 0.5)) / (2.0 * math.log(LADDER))
+        return min(max(math.ceil(steps), 1), self.max_down)
+
+    def observe(self, counts: list[int], reports: list[int], parts: list[int]) -> None:
+        """``counts[r]``, ``reports[r]``: rank r's gathered count and report; ``parts[r]``:
+        the part it owned. The same on every rank, so the update is too."""
+        self.excess += sum(counts) / self.target_count - 1.0
+        limit = self.max_step * math.log(LADDER)
+        for report, part in zip(reports, parts):
+            if self.correct:
+                step = self.gain * (report - self.bias) * math.log(LADDER)
+            else:
+                step = self.gain * math.log(max(report, 0.5) / self.part_target(part)) / self.slope
+            self.log_multipliers[part] += min(max(step, -limit), limit)
+
+    def rescale(self, ratio: float) -> None:
+        """Scale-free: the multipliers hold in any units."""
+        del ratio
+
+    def state_dict(self) -> dict:
+        return {"version": STATE_VERSION, "controller": self.name,
+                "log_multipliers": list(self.log_multipliers), "excess": self.excess}
+
+    def load_state_dict(self, state: dict) -> None:
+        from .density_controller import check_state
+
+        check_state(state, self.name)
+        if len(state["log_multipliers"]) != len(self.sizes):
+            raise ValueError(f"density controller state has {len(state['log_multipliers'])} "
+                             f"parts, this optimizer {len(self.sizes)}")
+        self.log_multipliers = [float(v) for v in state["log_multipliers"]]
+        self.excess = float(state["excess"])
