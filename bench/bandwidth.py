@@ -20,9 +20,10 @@ incl. the sparsifier's local work); the iteration time is the slower rank's tota
 ``exchange = iteration - slower rank's compute`` (what the exchange adds). Bytes: the
 optimizer's ring-model count (``last_stats.bytes_sent``) and, as a check, the bytes that
 really crossed the namespace's loopback during the iteration (all ranks, TCP payload and
-headers, Horovod's negotiation and the two line-up allreduces included). Sparse methods
-start from a calibrated threshold (the k-th largest |g| of a first gradient) so the few
-timed iterations run near the target density; the actual density is reported.
+headers, Horovod's negotiation and the two line-up allreduces included). The hard
+threshold starts from a calibrated lambda (the k-th largest |g| of a first gradient);
+MiCRO's default controller needs no calibration (it corrects within the step). The actual
+density is reported.
 
 Results, and the machine they were measured on: BENCHMARKS.md, section 3.
 
@@ -48,8 +49,8 @@ DEFAULT_METHODS = ("compute", "none", "fp16", "micro", "topk", "threshold", "clt
 def make_compressor(hvm, method: str, density: float, threshold: float):
     factory = getattr(hvm.Compression, method)
     kwargs = {"density": density}
-    if method == "micro":
-        kwargs["initial_threshold"] = threshold
+    # MiCRO's default controller scales its threshold with each step's gradient and
+    # corrects within the step: it needs no calibrated start.
     if method == "threshold":  # a fixed lambda: the calibrated one, not 1/(2 sqrt(k))
         kwargs = {"value": threshold}
     try:

@@ -79,10 +79,9 @@ def worker(args) -> None:
         base = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         opt = base
         if VARIANTS[label] is not None:
-            t0 = _calibrated_threshold(hvd, torch, model, x, y, args.density, label)
             opt = hvm.DistributedOptimizer(
                 base, named_parameters=model.named_parameters(),
-                compression=hvm.Compression.micro(density=args.density, initial_threshold=t0),
+                compression=hvm.Compression.micro(density=args.density),
                 **VARIANTS[label])
         runs[label] = {"model": model, "opt": opt, "batches": batches, "rows": [], "t": 0}
 
@@ -128,16 +127,6 @@ def _data(model_name: str, torch):
     if model_name == "wide_mlp":
         return torch.randn(32, 784), torch.randint(0, 10, (32,))
     return torch.randn(32, 3, 32, 32), torch.randint(0, 10, (32,))
-
-
-def _calibrated_threshold(hvd, torch, model, x, y, density, label) -> float:
-    """The k-th largest |g| of a first gradient, from rank 0: the few measured iterations
-    then run near the target density."""
-    torch.nn.functional.cross_entropy(model(x), y).backward()
-    g = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
-    t = torch.topk(g.abs(), int(density * g.numel()), sorted=False).values.min().reshape(1)
-    model.zero_grad()
-    return float(hvd.broadcast(t, root_rank=0, name=f"calib.{label}"))
 
 
 # ---------------------------------------------------------------------------- timeline

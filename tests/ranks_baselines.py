@@ -54,7 +54,7 @@ def buildup(methods, numel, density, iterations):
     for method in methods:
         kwargs = {"density": density}
         if method == "micro":  # start at the gap between the noise and the large entries
-            kwargs["initial_threshold"] = 0.5
+            kwargs.update(initial_threshold=0.5, controller="newton")
         opt, param = _optimizer(numel, getattr(hvm.Compression, method)(**kwargs))
         densities = []
         for t in range(iterations):
