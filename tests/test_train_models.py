@@ -14,7 +14,9 @@ def test_resnet18_has_the_cifar_parameter_count():
 def test_forward_backward_shapes(name):
     torch.manual_seed(0)
     model = build_model(name, num_classes=7)
-    shape = (2, 1, 8, 8) if name == "digits_cnn" else (2, 3, 32, 32)
+    shapes = {"digits_cnn": (2, 1, 8, 8), "fmnist_mlp": (2, 1, 28, 28),
+              "wide_mlp": (2, 1, 28, 28)}
+    shape = shapes.get(name, (2, 3, 32, 32))
     out = model(torch.randn(shape))
     assert out.shape == (2, 7)
     out.sum().backward()
