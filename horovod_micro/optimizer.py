@@ -519,8 +519,10 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name)
             ``zero_copy`` off.
         zero_copy: sparse compressors only. ``zero_grad()`` makes each ``.grad`` a view of
             the error-feedback residual ``e_t``, so backward adds ``g_t`` into it in place
-            and ``a_t = e_t + g_t`` costs no pass over the gradient (one pass of 3N memory
-            traffic saved per step; BENCHMARKS.md, section 8). Between backward and
+            and the reducer needs no pass to build ``a_t = e_t + g_t`` (backward's
+            AccumulateGrad does that add instead: BENCHMARKS.md section 8 measures equal
+            iteration times; what is saved is one N-sized gradient tensor per step and its
+            free). Between backward and
             ``synchronize()``, ``.grad`` then shows ``a_t``, not ``g_t``; after
             ``synchronize()`` it is the aggregate, as always. Anything that writes into
             ``.grad`` in place before ``synchronize()`` (``scaler.unscale_``, gradient

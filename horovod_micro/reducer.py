@@ -232,8 +232,9 @@ class SparseReducer:
 
         Zero-copy error feedback. When every gradient is a view of the residual (installed
         by :meth:`install_residual_views`, which the optimizer's ``zero_grad()`` calls),
-        backward has already added ``g_t`` to ``e_t`` in place, and ``a_t`` costs no pass
-        at all. Otherwise (the first step, ``.grad`` set to None or assigned), ``a_t`` is
+        backward has already added ``g_t`` to ``e_t`` in place (AccumulateGrad's add, in the
+        backward pass's time), and the reducer spends no pass at all. Otherwise (the first
+        step, ``.grad`` set to None or assigned), ``a_t`` is
         written out of place into the output buffer, which the optimizer no longer needs,
         so a collective error leaves the residual untouched; a gradient that already is a
         residual view contributes its slice as it stands. The out-of-place pass costs
@@ -303,7 +304,7 @@ class SparseReducer:
 
     def install_residual_views(self) -> None:
         """Make each parameter's ``.grad`` its slice of the residual ``e_t``, so that the
-        next backward accumulates ``g_t`` straight into it (``a_t`` then costs no pass).
+        next backward accumulates ``g_t`` straight into it (the reducer then spends no pass).
         Parameters whose dtype differs from the flat buffer's (float16 with a float32
         residual), and those whose gradient at the last step was missing or sparse (so
         always on the first step), keep ``.grad = None`` and take the out-of-place path. With
