@@ -38,7 +38,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.common import mean, median
+from bench.common import mean, median, random_batches
 from bench.launch import horovodrun_cmd, run_bounded
 
 REPO = Path(__file__).resolve().parent.parent
@@ -46,7 +46,7 @@ DEFAULT_METHODS = ("compute", "none", "fp16", "micro", "topk", "threshold", "clt
 
 
 # --------------------------------------------------------------------------------- ranks
-def make_compressor(hvm, method: str, density: float, threshold: float):
+def make_compressor(hvm, method: str, density: float, threshold: float | None):
     factory = getattr(hvm.Compression, method)
     kwargs = {"density": density}
     # MiCRO's default controller scales its threshold with each step's gradient and
@@ -70,12 +70,7 @@ def worker(args) -> None:
     hvd.init()
     rank = hvd.rank()
     torch.manual_seed(100 + rank)
-    # A pool of random batches with random labels, cycled per iteration: one fixed batch
-    # is memorised (the wide MLP within tens of steps), its gradient collapses, and the
-    # density controller chases a vanishing scale.
-    shape = (784,) if args.model == "wide_mlp" else (3, 32, 32)
-    pool = [(torch.randn(args.batch, *shape), torch.randint(0, 10, (args.batch,)))
-            for _ in range(32)]
+    pool = random_batches(args.model, args.batch, 32)  # cycled, one per iteration
     x, y = pool[0]
 
     def calibration_threshold(model, density):
@@ -110,7 +105,9 @@ def worker(args) -> None:
                 opt = base
             else:
                 compression = (getattr(hvm.Compression, method) if d is None else
-                               make_compressor(hvm, method, d, calibration_threshold(model, d)))
+                               make_compressor(hvm, method, d,
+                                               calibration_threshold(model, d)
+                                               if method == "threshold" else None))
                 opt = hvm.DistributedOptimizer(base, named_parameters=model.named_parameters(),
                                                compression=compression)
             configs.append({"label": label, "method": method, "density": d, "model": model,

@@ -43,6 +43,16 @@ def real_gradient(seed: int = 0, batch: int = 32) -> tuple[torch.Tensor, str]:
     return flat.contiguous(), source
 
 
+def random_batches(model: str, batch: int, count: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``count`` batches of random inputs with random labels for ``model`` (``wide_mlp``:
+    784 features; otherwise 3x32x32), to cycle through one per iteration. With one fixed
+    batch the wide MLP memorises it within tens of steps, its gradient collapses, and the
+    density controller chases a vanishing scale (counts of 0, then 40x k)."""
+    shape = (784,) if model == "wide_mlp" else (3, 32, 32)
+    return [(torch.randn(batch, *shape), torch.randint(0, 10, (batch,)))
+            for _ in range(count)]
+
+
 def median(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 

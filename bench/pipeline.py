@@ -38,7 +38,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from bench.common import median
+from bench.common import median, random_batches
 from bench.launch import horovodrun_cmd, run_bounded
 
 REPO = Path(__file__).resolve().parent.parent
@@ -47,10 +47,7 @@ VARIANTS = {
     "micro": {},
     "micro-copy": {"zero_copy": False},
 }
-# A pool of random batches with random labels, cycled: with one fixed batch the wide MLP
-# memorises it within tens of steps, its gradient collapses, and the density controller
-# chases a vanishing scale (counts of 0 and then 40x k).
-POOL = 64
+POOL = 64  # random batches cycled per iteration (bench.common.random_batches)
 PHASES = ("accumulate", "check", "select", "indices", "values", "exchange_local", "update",
           "write_back")
 
@@ -69,13 +66,12 @@ def worker(args) -> None:
 
     torch.set_num_threads(1)
     hvd.init()
+    torch.manual_seed(100 + hvd.rank())
+    batches = random_batches(args.model, 32, POOL)
     runs = {}
     for label in args.variants:
         torch.manual_seed(0)
         model = build_model(args.model)
-        torch.manual_seed(100 + hvd.rank())
-        batches = [_data(args.model, torch) for _ in range(POOL)]
-        x, y = batches[0]
         base = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         opt = base
         if VARIANTS[label] is not None:
@@ -121,12 +117,6 @@ def worker(args) -> None:
     if hvd.rank() == 0:
         Path(args.worker).write_text(json.dumps(gathered))
     hvd.shutdown()
-
-
-def _data(model_name: str, torch):
-    if model_name == "wide_mlp":
-        return torch.randn(32, 784), torch.randint(0, 10, (32,))
-    return torch.randn(32, 3, 32, 32), torch.randint(0, 10, (32,))
 
 
 # ---------------------------------------------------------------------------- timeline

@@ -238,7 +238,7 @@ class SparseReducer:
         written out of place into the output buffer, which the optimizer no longer needs,
         so a collective error leaves the residual untouched; a gradient that already is a
         residual view contributes its slice as it stands. The out-of-place pass costs
-        about 5 ms at 12.7M float32 on one core here (BENCHMARKS.md, section 8)."""
+        7-10 ms at 12.7M float32 on one core here (BENCHMARKS.md, section 8)."""
         status = OK
         grads = []
         in_place = True
@@ -298,9 +298,11 @@ class SparseReducer:
             self._view_accumulations += 1
 
     def _is_residual_view(self, grad: torch.Tensor, start: int) -> bool:
+        # Pointer arithmetic, not a slice: this runs in a hook on every accumulation.
         return (grad.dtype == self.residual.dtype and grad.device == self.residual.device
                 and grad.is_contiguous()
-                and grad.data_ptr() == self.residual[start:].data_ptr())
+                and grad.data_ptr()
+                == self.residual.data_ptr() + start * self.residual.element_size())
 
     def install_residual_views(self) -> None:
         """Make each parameter's ``.grad`` its slice of the residual ``e_t``, so that the
