@@ -132,24 +132,27 @@ class Cluster:
                     "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"})
         return env
 
-    def command(self, host: str, argv: list[str]) -> list[str]:
-        """``argv`` run inside ``host`` (its network, UTS and mount namespaces)."""
+    def command(self, host: str, argv: list[str], cwd: str | Path | None = None) -> list[str]:
+        """``argv`` run inside ``host`` (its network, UTS and mount namespaces), in ``cwd``
+        (default: the current directory; entering a mount namespace would reset it to /)."""
         if host not in self.hosts:
             raise ClusterError(f"no host {host!r} in cluster {self.cid} "
                                f"(hosts: {', '.join(self.hosts)})")
-        return ["nsenter", "-t", str(self.sshd_pids[host]), "-n", "-u", "-m", "--", *argv]
+        return ["nsenter", "-t", str(self.sshd_pids[host]), "-n", "-u", "-m",
+                f"--wd={Path(cwd or os.getcwd()).resolve()}", "--", *argv]
 
     def run(self, host: str, argv: list[str], timeout: float, *, env: dict | None = None,
             cwd: str | Path | None = None, check: bool = True) -> subprocess.CompletedProcess:
         """Run ``argv`` in ``host``, bounded (``bench.launch.run_bounded``)."""
         from bench.launch import run_bounded
-        return run_bounded(self.command(host, argv), timeout, base_env=self.env(), env=env,
+        return run_bounded(self.command(host, argv, cwd), timeout, base_env=self.env(), env=env,
                            cwd=cwd, check=check, label=f"[{host}] {' '.join(argv)}")
 
     def popen(self, host: str, argv: list[str], **kwargs) -> subprocess.Popen:
         """Start ``argv`` in ``host`` without waiting (its own session)."""
         kwargs.setdefault("env", self.env())
-        return subprocess.Popen(self.command(host, argv), start_new_session=True, **kwargs)
+        return subprocess.Popen(self.command(host, argv, kwargs.get("cwd")),
+                                start_new_session=True, **kwargs)
 
     # -- life cycle ----------------------------------------------------------------
     @classmethod
