@@ -28,7 +28,7 @@ from bench.launch import horovodrun
 REPO = Path(__file__).resolve().parent.parent
 CLUSTER_PY = REPO / "bench" / "cluster.py"
 ALLREDUCE = REPO / "tests" / "scripts" / "cluster_allreduce.py"
-RATE_TOOL = REPO / "tests" / "cluster_rate.py"
+RATE_TOOL = REPO / "bench" / "link_rate.py"
 RATE = 40e6  # bits/s: "40mbit" below
 
 
