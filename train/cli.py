@@ -3,7 +3,8 @@
 The flags are a stable interface (job scripts are built against :func:`build_parser`);
 train/README.md lists them. Flags left unset take the defaults of the chosen dataset's
 recipe (:data:`RECIPES`), so ``--dataset cifar10`` alone is the MiCRO paper's set-up and a
-bare ``python -m train`` is the short embedded digits run.
+bare ``python -m train`` is the main job: Fashion-MNIST with MiCRO, a couple of minutes on two
+CPU ranks (``--dataset digits`` is the seconds-long embedded run).
 """
 
 from __future__ import annotations
@@ -17,6 +18,10 @@ from horovod_micro.sparsifiers.registry import compressor_names
 class TrainError(RuntimeError):
     """A problem with the user's input or files (missing data, unknown compressor, bad
     checkpoint): ``python -m train`` prints it without a traceback and exits with 2."""
+
+
+class DataNotFoundError(TrainError, FileNotFoundError):
+    """The dataset's files are not where ``--data-dir`` (or its default) says."""
 
 
 DATASETS = ("digits", "fashion-mnist", "cifar10", "cifar100", "synthetic")
@@ -53,9 +58,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--model", default=None,
                    help="resnet18 | googlenet | senet18 | digits_cnn | fmnist_mlp | wide_mlp "
                         "(default: by dataset)")
-    g.add_argument("--dataset", default="digits", choices=DATASETS)
-    g.add_argument("--data-dir", default="data",
-                   help="CIFAR root: holds cifar-10-batches-py/ or cifar-100-python/")
+    g.add_argument("--dataset", default="fashion-mnist", choices=DATASETS)
+    g.add_argument("--data-dir", default=None,
+                   help="fashion-mnist: the folder holding the four idx .gz files (default "
+                        "/usr/share/datasets/fashion-mnist, Debian's dataset-fashion-mnist); "
+                        "CIFAR: the root holding cifar-10-batches-py/ or cifar-100-python/ "
+                        "(default data)")
     g.add_argument("--download", action="store_true",
                    help="download CIFAR into --data-dir if missing (off: never any network)")
     g.add_argument("--workers", type=int, default=None, help="DataLoader worker processes")
