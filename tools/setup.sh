@@ -159,7 +159,7 @@ if [ "${HVM_DEPS_ONLY:-0}" = 1 ]; then
 fi
 
 # 5. This package, editable, with the test extra.
-if ! "$PY" -c 'import horovod_micro, pytest, sklearn, mpi4py' 2>/dev/null \
+if ! "$PY" -c 'import horovod_micro, pytest, sklearn, mpi4py, tensorboard' 2>/dev/null \
         || [ "$REPO/setup.cfg" -nt "$VENV/.hvm-installed" ]; then
     log "installing horovod_micro (editable) with its test extra"
     "${PIP[@]}" -e "$REPO[test]"

@@ -125,7 +125,7 @@ def load(source: Path, cache: Path | None = None
                 "file") from error
         if len(dataset.data) != len(dataset.targets) or dataset.data.dim() != 3:
             raise DamagedDataError(
-                f"{names} disagree: {tuple(dataset.data.shape)} images, "
-                f"{len(dataset.targets)} labels (a truncated file?)")
+                f"{names} disagree: {len(dataset.data)} images of shape "
+                f"{tuple(dataset.data.shape[1:])}, {len(dataset.targets)} labels")
         splits[split] = (dataset.data, dataset.targets)
     return splits

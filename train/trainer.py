@@ -275,11 +275,12 @@ def _log_tensorboard(tb, rows: list[dict], record: dict) -> None:
         return
     for row in rows:
         for key in ("loss", "lr", "density", "threshold", "residual_norm", "total",
-                    "selection", "communication"):
+                    "selection", "communication", "bytes_sent", "bytes_received"):
             if row.get(key) is not None:
                 tb.add_scalar(f"iteration/{key}", row[key], row["iteration"])
     for key in ("train_loss", "test_loss", "test_accuracy", "epoch_time", "mean_density"):
         tb.add_scalar(f"epoch/{key}", record[key], record["epoch"])
+    tb.add_scalar("epoch/bytes_sent", sum(r["bytes_sent"] for r in rows), record["epoch"])
     tb.add_scalar("wall/test_accuracy", record["test_accuracy"], int(record["train_time"]))
 
 
