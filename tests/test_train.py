@@ -13,7 +13,7 @@ import pytest
 import torch
 from multirank import run_script
 
-from train.plot import make_figures
+from train.plot import Run, group, make_figures
 from train.records import MAX_FIELDS, MEAN_FIELDS
 
 RECIPE = ["--dataset", "digits", "--epochs", "4", "--lr-decay-epochs", "3", "--progress",
@@ -105,7 +105,12 @@ def test_dense_with_the_same_recipe_reaches_it_too(runs):
 
 
 def test_plot_command_draws_several_runs(runs, tmp_path):
-    paths = make_figures([runs["micro"][0], runs["dense"][0]], tmp_path)
+    micro, dense = runs["micro"][0], runs["dense"][0]
+    # A method's runs (e.g. seeds) are one line: here micro twice, dense once.
+    methods = group([Run(micro), Run(dense), Run(micro)])
+    assert [(m.label, len(m.runs)) for m in methods] == [("micro d=0.01", 2), ("none", 1)]
+    assert methods[0].color != methods[1].color
+    paths = make_figures([micro, dense, micro], tmp_path, target=0.9)
     assert len(paths) == 4
     for path in paths:
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 1000
