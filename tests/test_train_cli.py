@@ -12,12 +12,14 @@ def test_bare_command_is_the_fashion_mnist_main_job():
     assert (args.dataset, args.model, args.compressor) == ("fashion-mnist", "fmnist_mlp",
                                                            "micro")
     assert (args.epochs, args.density, args.out) == (3, 0.01, "runs/default")
+    assert args.batch_size == 64 and parse_args(["--batch-size", "16"]).batch_size == 16
     assert not args.download and args.resume is None and args.data_dir is None
 
 
 def test_digits_stays_available():
     args = parse_args(["--dataset", "digits"])
     assert (args.model, args.epochs, args.density) == ("digits_cnn", 12, 0.01)
+    assert args.batch_size == 32
 
 
 def test_the_communication_bound_model_is_selectable_for_fashion_mnist():

@@ -179,7 +179,8 @@ def time_breakdown(methods: list[Method], out: Path) -> Path:
         ax.text(i, total, f"{total:.1f}", ha="center", va="bottom", fontsize=8)
     ax.set_xticks(range(len(methods)), [m.label for m in methods], rotation=20, ha="right",
                   fontsize=8)
-    ax.set(ylabel="ms per iteration (slowest rank)", title="Time breakdown per iteration")
+    ax.set(ylabel="ms per iteration (each phase: slowest rank)",
+           title="Time breakdown per iteration")
     ax.set_ylim(top=1.1 * max(bottoms.max(), 1e-9))
     ax.legend(fontsize=8, bbox_to_anchor=(1.01, 1), loc="upper left")
     return _save(fig, out / "time_breakdown.png")
