@@ -59,7 +59,8 @@ def measure(name: str, batch_size: int, steps: int, warmup: int) -> dict:
     pairs = step_times(name, batch_size, steps, warmup)
     times = sorted(1000 * wall for wall, _ in pairs)
     params = sum(p.numel() for p in build_model(name, num_classes=10).parameters())
-    deciles = statistics.quantiles(times, n=10) if len(times) > 1 else times * 9
+    deciles = (statistics.quantiles(times, n=10, method="inclusive") if len(times) > 1
+               else times * 9)
     return {"model": name, "parameters": params, "batch_size": batch_size,
             "threads": torch.get_num_threads(), "steps": steps,
             "median_ms": statistics.median(times), "p10_ms": deciles[0],
