@@ -25,12 +25,14 @@ section 1 and "Machine and caveats".
         [--json bench/results/selection_cost.json]
 
 ``--controllers`` measures instead each density controller's whole ``select`` (what the
-``select`` phase of a step runs: the kernel, the gather of the selected values, the slope
-probe or the ladder search, and the bounded controller's extra pass when it makes one)
+``select`` phase of a step runs: the kernel, which also writes the selected values, the
+slope probe or the ladder search, and the bounded controller's extra pass when it makes one)
 over part 0 at n = 2 and 4, next to the read floor of that part, with the base threshold
 at the exact one, 4 ladder steps (2^(4/64), 4.4 %) below it (the bounded controller's
 usual case: its bias aims low, and the ladder search trims upward) and 50 % above it (the
-count far too low: the extra pass). Issue 14's accounting: mean cost = cost without the
+count far too low: the extra pass). The cases marked "(before)" run the same controller
+with the values gathered from the part after the kernel, as before the kernel wrote them:
+before and after side by side in one run. Issue 14's accounting: mean cost = cost without the
 pass + share of iterations with the pass (bench/density_spread.py) x the pass.
 """
 
@@ -172,6 +174,16 @@ def main() -> None:
 
 
 
+class GatheringSelector(ThresholdSelector):
+    """The selection as it was before the kernel wrote the values (commit 43c8ec5): the
+    indices from the kernel, then the values gathered from the part at those indices. Kept
+    so that before and after are timed side by side in one run."""
+
+    def with_values(self, segment, threshold, offset, numel):
+        indices = self(segment, threshold, offset, numel)
+        return indices, segment.index_select(0, indices - offset)
+
+
 def controller_costs(args) -> None:
     """Each controller's whole ``select`` over part 0 vs the read floor (see the module
     docstring), cold cache unless ``--warm``."""
@@ -196,15 +208,22 @@ def controller_costs(args) -> None:
             s, e = bounds[0]
             k = int(d * N)
             exact = kth_magnitude(g[s:e], int(k * (e - s) / N))
-            cases = {"newton (kernel + probe)": ("newton", 1.0),
-                     "bounded, base at target": ("bounded", 1.0),
-                     "bounded, base 4 % low (usual: bias 4 steps)": ("bounded", 2.0 ** (-4 / 64)),
-                     "bounded, base 50 % high (extra pass)": ("bounded", 1.5)}
-            for label, (kind, factor) in cases.items():
+            usual, high = 2.0 ** (-4 / 64), 1.5
+            cases = {"newton (kernel + probe)": ("newton", 1.0, ThresholdSelector),
+                     "bounded, base at target": ("bounded", 1.0, ThresholdSelector),
+                     "bounded, base 4 % low (usual: bias 4 steps)": ("bounded", usual,
+                                                                     ThresholdSelector),
+                     "bounded, usual, values gathered (before)": ("bounded", usual,
+                                                                  GatheringSelector),
+                     "bounded, base 50 % high (extra pass)": ("bounded", high,
+                                                              ThresholdSelector),
+                     "bounded, extra pass, values gathered (before)": ("bounded", high,
+                                                                       GatheringSelector)}
+            for label, (kind, factor, selector_class) in cases.items():
                 times, floors, counts, passes = [], [], 0, 0
                 # One selector per case, as one per optimizer in training: its buffer's
                 # capacity grows once (a redone pass) and stays.
-                selector = ThresholdSelector(capacity=2 * k // n + 64)
+                selector = selector_class(capacity=2 * k // n + 64)
                 for _ in range(reps):
                     if kind == "newton":
                         ctl = DensityController(k, threshold=exact)

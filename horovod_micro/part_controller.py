@@ -168,27 +168,36 @@ class PartController:
         if not 0.0 < th0 < math.inf:  # an all-zero a_t (rms 0): nothing to send or learn
             return selector(segment, math.inf, start, numel), math.inf, (
                 round(self.bias) if self.correct else round(self.part_target(part)))
-        indices = selector(segment, th0, start, numel)
+        if not self.correct:
+            indices = selector(segment, th0, start, numel)
+            return indices, th0, indices.numel()
+        # The kernel writes the selected values next to their indices: the ladder search
+        # below counts among them without gathering from the part again.
+        indices, values = selector.with_values(segment, th0, start, numel)
         c0 = indices.numel()
         target = self.part_target(part)
-        if not self.correct:
-            return indices, th0, c0
         if target / self.band <= c0 < target:
             return indices, th0, 0
         lo, hi = 0, None
         if c0 < target / self.band:
             lo, hi = -self.descent(c0, target), 0
             self.extra_passes += 1
-            indices = selector(segment, th0 * LADDER ** lo, start, numel)
-        values = acc.index_select(0, indices).abs()
+            indices, values = selector.with_values(segment, th0 * LADDER ** lo, start, numel)
+        values = values.abs()
+        # Each count is a pass over the selected values (O(k/n)); the search asks for some
+        # steps twice, and the count at ``lo`` is the selection's own size.
+        counts = {lo: indices.numel()}
 
         def count_at(j: int) -> int:
-            return count_abs_ge(values, th0 * LADDER ** j)
+            if j not in counts:
+                counts[j] = count_abs_ge(values, th0 * LADDER ** j)
+            return counts[j]
 
         j = closest_step(count_at, target, lo, hi)
         threshold = th0 * LADDER ** j
         if j != lo:
-            keep = torch.nonzero(values >= threshold).view(-1)
+            # The same threshold selection, over the selected values (positions in them).
+            keep = selector(values, threshold, 0, values.numel())
             indices = indices.index_select(0, keep)
         return indices, threshold, j
 

@@ -1,7 +1,9 @@
 """Local selection primitives shared by the sparsifiers.
 
 :class:`ThresholdSelector` is MiCRO's selection: the indices of ``|x| >= threshold`` in one
-pass.
+pass, and on request the selected values with them (:meth:`ThresholdSelector.with_values`:
+written by the same pass, so a caller that needs the values reads no second time, at
+random, from a part larger than the cache).
 On CPU float32 it calls the native kernel in ``_native/select.c`` (one read of the data);
 elsewhere it uses torch ops, which on a GPU are bandwidth-bound anyway. Which path runs is
 decided by the flat buffer's dtype (the rule is in :mod:`horovod_micro.reducer`): float32
@@ -23,24 +25,20 @@ INT32_MAX = 2**31 - 1
 
 
 def _load_native():
+    """``(hvm_select_abs_ge, hvm_select_abs_ge_values)`` from the built kernel, or Nones."""
     spec = importlib.util.find_spec("horovod_micro._select")
     if spec is None or spec.origin is None:
-        return None
+        return None, None
     lib = ctypes.CDLL(spec.origin)
-    fn = lib.hvm_select_abs_ge
-    fn.restype = ctypes.c_int64
-    fn.argtypes = [
-        ctypes.c_void_p,
-        ctypes.c_int64,
-        ctypes.c_float,
-        ctypes.c_int64,
-        ctypes.c_void_p,
-        ctypes.c_int64,
-    ]
-    return fn
+    plain, with_values = lib.hvm_select_abs_ge, lib.hvm_select_abs_ge_values
+    head = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int64, ctypes.c_void_p]
+    plain.restype = with_values.restype = ctypes.c_int64
+    plain.argtypes = head + [ctypes.c_int64]
+    with_values.argtypes = head + [ctypes.c_void_p, ctypes.c_int64]
+    return plain, with_values
 
 
-_native_select = _load_native()
+_native_select, _native_select_values = _load_native()
 
 
 def forced_torch() -> bool:
@@ -87,23 +85,39 @@ class ThresholdSelector:
                  numel: int) -> torch.Tensor:
         """Indices (``offset``-based, dtype ``index_dtype(numel)``) of
         ``|segment| >= threshold``."""
-        if (
-            self.use_native
-            and segment.device.type == "cpu"
-            and segment.dtype == torch.float32
-            and segment.is_contiguous()
-            and numel <= INT32_MAX
-        ):
-            return self._native(segment, threshold, offset)
+        if self._takes_native(segment, numel):
+            return self._native(segment, threshold, offset, False)[0]
         selected = torch.nonzero(segment.abs() >= threshold).view(-1)
         return (selected + offset).to(index_dtype(numel))
 
-    def _native(self, segment: torch.Tensor, threshold: float, offset: int) -> torch.Tensor:
+    def with_values(self, segment: torch.Tensor, threshold: float, offset: int,
+                    numel: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(indices, segment[indices - offset])`` for ``|segment| >= threshold``: the
+        native kernel writes each value next to its index in the same pass; the torch path
+        gathers them (contiguous on a GPU's memory, where that gather is cheap)."""
+        if self._takes_native(segment, numel):
+            return self._native(segment, threshold, offset, True)
+        selected = torch.nonzero(segment.abs() >= threshold).view(-1)
+        return (selected + offset).to(index_dtype(numel)), segment.index_select(0, selected)
+
+    def _takes_native(self, segment: torch.Tensor, numel: int) -> bool:
+        return (self.use_native and segment.device.type == "cpu"
+                and segment.dtype == torch.float32 and segment.is_contiguous()
+                and numel <= INT32_MAX)
+
+    def _native(self, segment: torch.Tensor, threshold: float, offset: int,
+                values: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         n = segment.numel()
         while True:
             buffer = torch.empty(self.capacity, dtype=torch.int32)
-            count = _native_select(segment.data_ptr(), n, threshold, offset,
-                                   buffer.data_ptr(), self.capacity)
+            if values:
+                out = torch.empty(self.capacity, dtype=torch.float32)
+                count = _native_select_values(segment.data_ptr(), n, threshold, offset,
+                                              buffer.data_ptr(), out.data_ptr(), self.capacity)
+            else:
+                out = None
+                count = _native_select(segment.data_ptr(), n, threshold, offset,
+                                       buffer.data_ptr(), self.capacity)
             if count <= self.capacity:
-                return buffer[:count]
+                return buffer[:count], None if out is None else out[:count]
             self.capacity = int(count * 1.5) + 1

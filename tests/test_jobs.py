@@ -4,8 +4,11 @@ task per configuration) numbers the matrix consistently; one launcher runs for r
 local ranks; the Dockerfile passes hadolint and its build gate (docker/check-build.sh)
 rejects a Horovod without NCCL; the shared launcher (bench/launch.py) kills hung runs.
 
-No Docker engine and no SLURM run here: the image is never built, sbatch and scontrol are
-stand-ins, and an "allocation" is its SLURM_* environment variables.
+These are the dry-run and argument checks: here an "allocation" is its SLURM_* environment
+variables and scontrol a stand-in. The real launches are elsewhere: a real sbatch under a
+throwaway single-node SLURM (tests/test_jobs_slurm.py) and multi_node.sh across emulated
+hosts (tests/test_jobs_cluster.py). No Docker engine runs here, so the image is not built
+by these tests.
 """
 
 from __future__ import annotations

@@ -30,6 +30,25 @@ def test_matches_reference(numel, density):
     assert got.tolist() == reference(values, threshold, 17)
 
 
+@pytest.mark.parametrize("numel", [0, 5, 31, 32, 33, 1000, 100_003])
+@pytest.mark.parametrize("density", [0.0005, 0.01, 0.3])
+@pytest.mark.parametrize("path", ["native", "torch"])
+def test_with_values_matches_reference(numel, density, path, monkeypatch):
+    # The kernel writes each selected value next to its index (the density controller's
+    # ladder search reads them); the torch path (forced: what a CUDA tensor takes) gathers.
+    if path == "torch":
+        monkeypatch.setenv("HOROVOD_MICRO_SELECT", "torch")
+    gen = torch.Generator().manual_seed(numel + 1)
+    values = torch.randn(numel, generator=gen)
+    threshold = float(values.abs().quantile(1 - density)) if numel else 1.0
+    selector = ThresholdSelector(capacity=4)  # forces the buffer to grow
+    assert selector.use_native == (path == "native")
+    indices, got = selector.with_values(values, threshold, 17, 10**6)
+    expected = reference(values, threshold, 17)
+    assert indices.tolist() == expected
+    assert got.tolist() == [values[i - 17].item() for i in expected]  # signs kept, exact
+
+
 def test_nan_never_selected_and_inf_always():
     values = torch.tensor([math.nan, 1.0, -math.inf, 0.5, math.inf, -2.0] * 11)
     got = ThresholdSelector()(values, 0.9, 0, 1000).tolist()

@@ -62,6 +62,28 @@ if [ ! -d /usr/share/datasets/fashion-mnist ]; then
     DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -q dataset-fashion-mnist
 fi
 
+# 1c. The emulated cluster (bench/cluster.py: ip/tc, nsenter/unshare, sshd and ssh) and
+#     the throwaway single-node SLURM of tests/test_jobs_slurm.py (slurmctld, slurmd,
+#     sbatch), from Debian's packages. Not for the image (HVM_DEPS_ONLY=1). Note: on a
+#     machine that runs systemd, Debian's packages also enable their services (the system
+#     sshd on port 22; slurmctld/slurmd, which fail without /etc/slurm/slurm.conf).
+if [ "${HVM_DEPS_ONLY:-0}" != 1 ]; then
+    missing=()
+    { command -v ip && command -v tc; } >/dev/null 2>&1 || missing+=(iproute2)
+    { command -v nsenter && command -v unshare && command -v setpriv; } >/dev/null 2>&1 \
+        || missing+=(util-linux)
+    [ -x /usr/sbin/sshd ] || missing+=(openssh-server)
+    [ -x /usr/bin/ssh ] || missing+=(openssh-client)
+    { command -v slurmctld && command -v slurmd && command -v sbatch; } >/dev/null 2>&1 \
+        || missing+=(slurm-wlm)
+    if [ "${#missing[@]}" -gt 0 ]; then
+        log "installing ${missing[*]} from Debian's packages"
+        as_root apt-get update -q
+        DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -q --no-install-recommends \
+            "${missing[@]}"
+    fi
+fi
+
 # 2. The virtual environment.
 if [ ! -x "$VENV/bin/python" ]; then
     log "creating $VENV"

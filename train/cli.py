@@ -34,7 +34,7 @@ DATASETS = ("digits", "fashion-mnist", "cifar10", "cifar100", "synthetic")
 #: 38 coordinates per step). Fashion-MNIST (``make run``): a 784-256-10 MLP (203,530
 #: weights), 3 epochs at batch 64 per worker: 87 % test accuracy in under two minutes on two
 #: busy CPU ranks, where each step's exchange costs more than its compute, so half the
-#: steps of batch 32 halve the time (BENCHMARKS.md, "Fashion-MNIST main job", issue 10).
+#: steps of batch 32 halve the time (BENCHMARKS.md, section 11).
 #: Synthetic: throughput only (random labels), a few short epochs.
 RECIPES: dict[str, dict] = {
     "cifar10": dict(model="resnet18", epochs=200, warmup_epochs=5.0, lr_decay_epochs=[150],

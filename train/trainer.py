@@ -25,7 +25,7 @@ from torch.nn import functional as F  # noqa: N812
 import horovod_micro as hvm
 from horovod_micro.stats import StepStats
 
-from . import checkpoint
+from . import checkpoint, provenance
 from .cli import TrainError, compressor_names, parse_args
 from .data import Datasets, build_datasets, eval_loader, train_loader
 from .models import build_model
@@ -227,8 +227,10 @@ def run(args: argparse.Namespace, cifar_classes: dict | None = None) -> dict:
         start_epoch, iteration = counters["epoch"], counters["iteration"]
         train_time, elapsed0 = counters["train_time"], counters["elapsed"]
     writer = RecordWriter(out, rank0, start_epoch if args.resume else None)
+    hosts = provenance.gather_hosts()
     if rank0:
-        config = {**vars(args), "world_size": hvd.size(), "device": str(ctx.device),
+        config = {**vars(args), "world_size": hvd.size(), "hosts": hosts,
+                  "device": str(ctx.device),
                   "peak_lr": ctx.peak_lr, "parameters": sum(p.numel() for p in
                                                            ctx.model.parameters()),
                   "train_samples": len(ctx.data.train), "test_samples": len(ctx.data.test)}
@@ -266,6 +268,7 @@ def run(args: argparse.Namespace, cifar_classes: dict | None = None) -> dict:
             "elapsed": record["elapsed"], "args": vars(args)})
     if tensorboard is not None:
         tensorboard.close()
+    provenance.write_rank_record(out, ctx.model)
     summary = summarize(out) if rank0 else {}
     return hvd.broadcast_object(summary, root_rank=0, name="train.summary")
 

@@ -4,6 +4,10 @@
  * hvm_select_abs_ge writes base + i for every i in [0, n) with |x[i]| >= t into out
  * (at most cap entries, in ascending order) and returns how many there are in all, so a
  * caller whose buffer was too small learns the size it needs. NaN never compares >= t.
+ * hvm_select_abs_ge_values does the same and also writes x[i] into vals (when vals is not
+ * NULL): the caller then has the selected values without a second, random-access gather
+ * from a part far larger than the cache (the density controller's ladder search reads
+ * them; the gather cost 0.05-0.4 ms at 11M elements, BENCHMARKS.md section 9).
  *
  * Why native: torch needs three passes with temporaries (abs, compare, nonzero) and runs
  * 10-30x slower than reading the floats once. Here the data is read once: on x86-64 with
@@ -20,15 +24,29 @@
 #include <stdint.h>
 
 #define BLOCK 32
+/* Software prefetch distance, in floats (8 KB ahead). On the 2-core test VM the hardware
+ * prefetcher alone left the AVX2 loop at 1.22x (no hit) to 1.66x (1 % hits) the time of
+ * torch.sum over the same cold 22 MB; with this prefetch, 0.90x to 1.03x (paired, 31
+ * repetitions; 1024 floats: 0.91-1.07x; 4096: as 2048): bench/kernel_prefetch.py,
+ * BENCHMARKS.md section 9. -DPREFETCH_AHEAD=0 builds it without. */
+#ifndef PREFETCH_AHEAD
+#define PREFETCH_AHEAD 2048
+#endif
+#if PREFETCH_AHEAD > 0
+#define HVM_PREFETCH(p) __builtin_prefetch(p)
+#else
+#define HVM_PREFETCH(p) ((void)0)
+#endif
 
 /* Portable body: OR-reduce a block (vectorised by the compiler), rescan only blocks with a
  * hit, compacting without a data-dependent branch. */
 static int64_t select_portable(const float *x, int64_t n, float t, int64_t base, int32_t *out,
-                               int64_t cap)
+                               float *vals, int64_t cap)
 {
     int64_t count = 0;
     int64_t i = 0;
     for (; i + BLOCK <= n; i += BLOCK) {
+        HVM_PREFETCH(x + i + PREFETCH_AHEAD);
         int hit = 0;
         for (int j = 0; j < BLOCK; ++j)
             hit |= fabsf(x[i + j]) >= t;
@@ -37,22 +55,30 @@ static int64_t select_portable(const float *x, int64_t n, float t, int64_t base,
         if (count + BLOCK <= cap) {
             for (int j = 0; j < BLOCK; ++j) {
                 out[count] = (int32_t)(base + i + j);
+                if (vals)
+                    vals[count] = x[i + j];
                 count += fabsf(x[i + j]) >= t;
             }
             continue;
         }
         for (int j = 0; j < BLOCK; ++j) {
             if (fabsf(x[i + j]) >= t) {
-                if (count < cap)
+                if (count < cap) {
                     out[count] = (int32_t)(base + i + j);
+                    if (vals)
+                        vals[count] = x[i + j];
+                }
                 ++count;
             }
         }
     }
     for (; i < n; ++i) {
         if (fabsf(x[i]) >= t) {
-            if (count < cap)
+            if (count < cap) {
                 out[count] = (int32_t)(base + i);
+                if (vals)
+                    vals[count] = x[i];
+            }
             ++count;
         }
     }
@@ -66,13 +92,16 @@ static int64_t select_portable(const float *x, int64_t n, float t, int64_t base,
 /* AVX2 body: 32 floats per step as four 8-lane compares; a step without a hit costs one
  * predictable branch; hits are extracted from the lane masks with count-trailing-zeros. */
 __attribute__((target("avx2,bmi"))) static int64_t
-select_avx2(const float *x, int64_t n, float t, int64_t base, int32_t *out, int64_t cap)
+select_avx2(const float *x, int64_t n, float t, int64_t base, int32_t *out, float *vals,
+            int64_t cap)
 {
     const __m256 thr = _mm256_set1_ps(t);
     const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
     int64_t count = 0;
     int64_t i = 0;
     for (; i + 32 <= n; i += 32) {
+        HVM_PREFETCH(x + i + PREFETCH_AHEAD);
+        HVM_PREFETCH(x + i + PREFETCH_AHEAD + 16);
         /* _CMP_GE_OQ is false for NaN, like the portable body. */
         unsigned m0 = (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(
             _mm256_and_ps(_mm256_loadu_ps(x + i), abs_mask), thr, _CMP_GE_OQ));
@@ -87,19 +116,23 @@ select_avx2(const float *x, int64_t n, float t, int64_t base, int32_t *out, int6
             continue;
         while (m) {
             int j = __builtin_ctz(m);
-            if (count < cap)
+            if (count < cap) {
                 out[count] = (int32_t)(base + i + j);
+                if (vals)
+                    vals[count] = x[i + j];
+            }
             ++count;
             m &= m - 1;
         }
     }
-    return count + select_portable(x + i, n - i, t, base + i, out + (count < cap ? count : cap),
-                                   count < cap ? cap - count : 0);
+    const int64_t used = count < cap ? count : cap;
+    return count + select_portable(x + i, n - i, t, base + i, out + used,
+                                   vals ? vals + used : NULL, cap - used);
 }
 #endif
 
-int64_t hvm_select_abs_ge(const float *x, int64_t n, float t, int64_t base, int32_t *out,
-                          int64_t cap)
+int64_t hvm_select_abs_ge_values(const float *x, int64_t n, float t, int64_t base,
+                                 int32_t *out, float *vals, int64_t cap)
 {
 #ifdef HVM_HAVE_AVX2_PATH
     static int use_avx2 = -1;
@@ -108,9 +141,15 @@ int64_t hvm_select_abs_ge(const float *x, int64_t n, float t, int64_t base, int3
         use_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("bmi");
     }
     if (use_avx2)
-        return select_avx2(x, n, t, base, out, cap);
+        return select_avx2(x, n, t, base, out, vals, cap);
 #endif
-    return select_portable(x, n, t, base, out, cap);
+    return select_portable(x, n, t, base, out, vals, cap);
+}
+
+int64_t hvm_select_abs_ge(const float *x, int64_t n, float t, int64_t base, int32_t *out,
+                          int64_t cap)
+{
+    return hvm_select_abs_ge_values(x, n, t, base, out, NULL, cap);
 }
 
 static struct PyModuleDef hvm_select_module = {PyModuleDef_HEAD_INIT, "_select",
