@@ -14,7 +14,7 @@ import torch
 
 from bench.launch import horovodrun_cmd, run_bounded
 from train import fashion_mnist
-from train.cli import DataNotFoundError, parse_args
+from train.cli import DataNotFoundError, TrainError, parse_args
 from train.data import build_datasets
 from train.fashion_mnist import FILES, DamagedDataError
 
@@ -89,6 +89,12 @@ def test_cache_is_reused_while_the_source_is_unchanged_and_rebuilt_when_it_chang
     assert len(data.train) == 7
     assert torch.equal(data.train.tensors[1], written["train"][1].long())
     assert len(list((cache / "fashion-mnist").iterdir())) == 2  # no half-built copies left
+    # A copy damaged by hand is replaced, not trusted.
+    (root,) = [p for p in (cache / "fashion-mnist").iterdir() if p != first]
+    (root / fashion_mnist.RAW / "t10k-labels-idx1-ubyte").unlink()
+    assert fashion_mnist.prepare_root(src, cache) == root
+    assert (root / fashion_mnist.RAW / "t10k-labels-idx1-ubyte").read_bytes() == idx_bytes(
+        written["test"][1])
 
 
 def test_absent_files_name_the_debian_package(tmp_path):
@@ -152,3 +158,11 @@ def test_the_command_reports_absent_data_on_two_ranks(tmp_path):
     rank_lines = [x for x in proc.stdout.splitlines() if x.startswith(("[0]", "[1]"))]
     assert not any("Traceback" in x for x in rank_lines)  # horovodrun's own may follow
     assert not (tmp_path / "run" / "epochs.jsonl").exists()
+
+
+def test_an_unwritable_cache_is_reported(tmp_path):
+    write_dataset(tmp_path / "src")
+    (tmp_path / "not-a-dir").write_text("")
+    with pytest.raises(TrainError, match="XDG_CACHE_HOME"):
+        build_datasets("fashion-mnist", data_dir=tmp_path / "src",
+                       cache_dir=tmp_path / "not-a-dir" / "cache")

@@ -77,8 +77,15 @@ def prepare_root(source: Path, cache: Path) -> Path:
     root = cache / "fashion-mnist" / cache_key(files)
     if _complete(root):
         return root
-    root.parent.mkdir(parents=True, exist_ok=True)
-    build = Path(tempfile.mkdtemp(prefix=".build-", dir=root.parent))
+    # Copies only appear complete (renamed into place), so a partial one was damaged by
+    # hand: replace it.
+    shutil.rmtree(root, ignore_errors=True)
+    try:
+        root.parent.mkdir(parents=True, exist_ok=True)
+        build = Path(tempfile.mkdtemp(prefix=".build-", dir=root.parent))
+    except OSError as error:
+        raise TrainError(f"cannot write Fashion-MNIST's decompressed copy under {cache} "
+                         f"({error}); point XDG_CACHE_HOME at a writable directory") from error
     try:
         raw = build / RAW
         raw.mkdir(parents=True)
