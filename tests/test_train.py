@@ -13,10 +13,11 @@ import pytest
 import torch
 from multirank import run_script
 
-from train.plot import make_figures
+from train.plot import Run, group, make_figures
 from train.records import MAX_FIELDS, MEAN_FIELDS
 
-RECIPE = ["--epochs", "4", "--lr-decay-epochs", "3", "--progress", "lines"]
+RECIPE = ["--dataset", "digits", "--epochs", "4", "--lr-decay-epochs", "3", "--progress",
+          "lines"]
 ACCURACY = 0.90
 
 
@@ -30,7 +31,7 @@ def runs(tmp_path_factory):
     base = tmp_path_factory.mktemp("train")
     micro = base / "micro"
     dense = base / "dense"
-    return {"micro": (micro, train(micro, "--compressor", "micro")),
+    return {"micro": (micro, train(micro, "--compressor", "micro", "--tensorboard")),
             "dense": (dense, train(dense, "--compressor", "none", "--no-plots"))}
 
 
@@ -61,11 +62,39 @@ def test_micro_reaches_the_stated_accuracy_and_writes_everything(runs):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["final_accuracy"] == epochs[-1]["test_accuracy"]
     assert summary["bytes_ratio"] < 0.2
+    # What a dense fp32 ring allreduce would have sent on 2 ranks: 2 (n-1)/n * 4 N = 4 N.
+    numel = iterations[0]["numel"]
+    assert summary["dense_bytes_per_iteration"] == 4 * numel
+    assert summary["dense_bytes_total"] == 4 * numel * len(iterations)
+    assert summary["bytes_sent_total"] == sum(r["bytes_sent"] for r in iterations)
+    assert "bytes in total  :" in log and "dense would have sent" in log
     # The one-screen summary and where the figures went, printed by rank 0 only.
     assert log.count("test accuracy   :") == 1 and "density         :" in log
     assert "time/iteration  :" in log and f"figures         : {out}/figures" in log
     for name in ("accuracy_vs_time", "density", "threshold_residual", "time_breakdown"):
         assert (out / "figures" / f"{name}.png").stat().st_size > 1000
+
+
+def test_tensorboard_events_hold_the_records(runs):
+    """The event files read back by TensorBoard's own reader match the JSON records."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out, _ = runs["micro"]
+    events = EventAccumulator(str(out / "tensorboard"), size_guidance={"scalars": 0})
+    events.Reload()
+    epochs, iterations = read(out / "epochs.jsonl"), read(out / "iterations.jsonl")
+
+    def scalars(tag):
+        return {e.step: e.value for e in events.Scalars(tag)}
+
+    assert scalars("epoch/test_accuracy") == pytest.approx(
+        {e["epoch"]: e["test_accuracy"] for e in epochs})
+    for key in ("density", "threshold", "bytes_sent"):
+        assert scalars(f"iteration/{key}") == pytest.approx(
+            {r["iteration"]: r[key] for r in iterations}, rel=1e-6), key
+    assert scalars("epoch/bytes_sent") == pytest.approx(
+        {e["epoch"]: sum(r["bytes_sent"] for r in iterations if r["epoch"] == e["epoch"])
+         for e in epochs}, rel=1e-6)
 
 
 def test_dense_with_the_same_recipe_reaches_it_too(runs):
@@ -76,7 +105,12 @@ def test_dense_with_the_same_recipe_reaches_it_too(runs):
 
 
 def test_plot_command_draws_several_runs(runs, tmp_path):
-    paths = make_figures([runs["micro"][0], runs["dense"][0]], tmp_path)
+    micro, dense = runs["micro"][0], runs["dense"][0]
+    # A method's runs (e.g. seeds) are one line: here micro twice, dense once.
+    methods = group([Run(micro), Run(dense), Run(micro)])
+    assert [(m.label, len(m.runs)) for m in methods] == [("micro d=0.01", 2), ("none", 1)]
+    assert methods[0].color != methods[1].color
+    paths = make_figures([micro, dense, micro], tmp_path, target=0.9)
     assert len(paths) == 4
     for path in paths:
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 1000

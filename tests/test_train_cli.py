@@ -7,11 +7,24 @@ from train.schedule import lr_at, peak_lr
 from train.trainer import build_compression
 
 
-def test_bare_command_is_the_embedded_digits_run():
+def test_bare_command_is_the_fashion_mnist_main_job():
     args = parse_args([])
-    assert (args.dataset, args.model, args.compressor) == ("digits", "digits_cnn", "micro")
-    assert (args.epochs, args.density, args.out) == (12, 0.01, "runs/default")
-    assert not args.download and args.resume is None
+    assert (args.dataset, args.model, args.compressor) == ("fashion-mnist", "fmnist_mlp",
+                                                           "micro")
+    assert (args.epochs, args.density, args.out) == (3, 0.01, "runs/default")
+    assert args.batch_size == 64 and parse_args(["--batch-size", "16"]).batch_size == 16
+    assert not args.download and args.resume is None and args.data_dir is None
+
+
+def test_digits_stays_available():
+    args = parse_args(["--dataset", "digits"])
+    assert (args.model, args.epochs, args.density) == ("digits_cnn", 12, 0.01)
+    assert args.batch_size == 32
+
+
+def test_the_communication_bound_model_is_selectable_for_fashion_mnist():
+    args = parse_args(["--model", "wide_mlp"])
+    assert (args.dataset, args.model) == ("fashion-mnist", "wide_mlp")
 
 
 def test_cifar_defaults_are_the_papers_recipe():
@@ -37,7 +50,7 @@ def test_every_recipe_value_can_be_overridden():
     assert args.lr_decay_epochs == [1, 2] and args.workers == 0
     assert args.resume == "auto" and args.tensorboard
     assert set(RECIPES) == set(DATASETS)
-    assert build_parser().get_default("dataset") == "digits"
+    assert build_parser().get_default("dataset") == "fashion-mnist"
 
 
 @pytest.mark.parametrize("argv", [["--density", "0"], ["--density", "2"], ["--epochs", "0"],

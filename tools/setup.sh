@@ -55,7 +55,7 @@ if ! command -v mpirun >/dev/null 2>&1 || ! command -v mpicc >/dev/null 2>&1; th
 fi
 
 # 1b. Fashion-MNIST (Debian's dataset-fashion-mnist: the idx files under
-#     /usr/share/datasets/fashion-mnist, for python -m train --dataset fashion-mnist).
+#     /usr/share/datasets/fashion-mnist: python -m train's default dataset, make run).
 if [ ! -d /usr/share/datasets/fashion-mnist ]; then
     log "installing Fashion-MNIST from Debian's packages"
     as_root apt-get update -q
@@ -181,7 +181,7 @@ if [ "${HVM_DEPS_ONLY:-0}" = 1 ]; then
 fi
 
 # 5. This package, editable, with the test extra.
-if ! "$PY" -c 'import horovod_micro, pytest, sklearn, mpi4py' 2>/dev/null \
+if ! "$PY" -c 'import horovod_micro, pytest, sklearn, mpi4py, tensorboard' 2>/dev/null \
         || [ "$REPO/setup.cfg" -nt "$VENV/.hvm-installed" ]; then
     log "installing horovod_micro (editable) with its test extra"
     "${PIP[@]}" -e "$REPO[test]"

@@ -11,7 +11,6 @@ skips the check.
 
 from __future__ import annotations
 
-import gzip
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +20,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-from .cli import TrainError
+from . import fashion_mnist
+from .cli import DataNotFoundError, TrainError
 
 # Per-channel mean/std of the training images (the usual CIFAR normalisation constants).
 CIFAR_STATS = {
@@ -34,17 +34,6 @@ CIFAR_LAYOUT = {
                  "data_batch_5", "test_batch", "batches.meta"]),
     "cifar100": ("cifar-100-python", ["train", "test", "meta"]),
 }
-
-
-#: Where Debian's dataset-fashion-mnist package puts the idx files (tools/setup.sh installs
-#: it); ``--data-dir`` is searched first, under ``fashion-mnist/``.
-FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
-FASHION_MNIST_FILES = {"train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
-                       "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")}
-
-
-class DataNotFoundError(TrainError, FileNotFoundError):
-    """The dataset's files are not where ``--data-dir`` says."""
 
 
 @dataclass
@@ -63,20 +52,24 @@ def _default_cifar_classes() -> dict[str, type]:
     return {"cifar10": CIFAR10, "cifar100": CIFAR100}
 
 
-def build_datasets(name: str, data_dir: str | os.PathLike = "data", download: bool = False,
-                   seed: int = 0, synthetic_size: int = 4096,
-                   cifar_classes: dict[str, type] | None = None) -> Datasets:
-    """The train/test :class:`Datasets` called ``name`` (digits, cifar10, cifar100,
-    synthetic). ``cifar_classes`` replaces torchvision's classes (tests only)."""
+def build_datasets(name: str, data_dir: str | os.PathLike | None = None,
+                   download: bool = False, seed: int = 0, synthetic_size: int = 4096,
+                   cifar_classes: dict[str, type] | None = None,
+                   cache_dir: str | os.PathLike | None = None) -> Datasets:
+    """The train/test :class:`Datasets` called ``name`` (digits, fashion-mnist, cifar10,
+    cifar100, synthetic). ``data_dir`` defaults to ``data`` for CIFAR and to Debian's
+    location for Fashion-MNIST. ``cifar_classes`` replaces torchvision's classes (tests
+    only); ``cache_dir`` replaces Fashion-MNIST's decompressed cache (default
+    ``~/.cache/horovod-micro``)."""
     if name == "digits":
         return digits_datasets()
     if name == "synthetic":
         return synthetic_datasets(synthetic_size, seed)
     if name == "fashion-mnist":
-        return fashion_mnist_datasets(Path(data_dir))
+        return fashion_mnist_datasets(Path(data_dir or fashion_mnist.DEBIAN_DIR), cache_dir)
     if name in CIFAR_LAYOUT:
         classes = cifar_classes or _default_cifar_classes()
-        return cifar_datasets(name, Path(data_dir), download, classes[name])
+        return cifar_datasets(name, Path(data_dir or "data"), download, classes[name])
     raise ValueError(f"unknown dataset {name!r}")
 
 
@@ -97,41 +90,18 @@ def digits_datasets() -> Datasets:
                     TensorDataset(images[test_idx], labels[test_idx]), 10, 1, 8)
 
 
-def read_idx(path: Path) -> torch.Tensor:
-    """An idx file (gzip-compressed, unsigned bytes: the MNIST format) as a uint8 tensor of
-    the shape its header gives."""
-    import numpy as np
-
-    with gzip.open(path, "rb") as f:
-        raw = f.read()
-    if raw[:2] != b"\x00\x00" or raw[2] != 0x08:
-        raise TrainError(f"{path} is not an unsigned-byte idx file")
-    ndim = raw[3]
-    shape = tuple(int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim))
-    data = np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim)
-    if data.size != int(np.prod(shape)):
-        raise TrainError(f"{path}: header says {shape}, file holds {data.size} bytes")
-    return torch.from_numpy(data.copy()).view(shape)
-
-
-def fashion_mnist_datasets(data_dir: Path) -> Datasets:
-    """Fashion-MNIST (60,000 + 10,000 28x28 grey images, 10 classes) from the idx files in
-    ``data_dir/fashion-mnist`` or, failing that, Debian's package; pixels scaled to [0, 1]
-    and standardised with the training mean/std."""
-    root = next((d for d in (data_dir / "fashion-mnist", FASHION_MNIST_DIR)
-                 if all((d / f).is_file() for pair in FASHION_MNIST_FILES.values()
-                        for f in pair)), None)
-    if root is None:
-        raise DataNotFoundError(
-            f"fashion-mnist not found in {data_dir / 'fashion-mnist'} or {FASHION_MNIST_DIR} "
-            "(apt-get install dataset-fashion-mnist, or put the four idx .gz files there)")
-    sets = {}
-    for split, (images, labels) in FASHION_MNIST_FILES.items():
-        x = read_idx(root / images).float().unsqueeze(1) / 255.0
-        sets[split] = (x, read_idx(root / labels).long())
-    mean, std = sets["train"][0].mean(), sets["train"][0].std()
-    train, test = (((x - mean) / std, y) for x, y in (sets["train"], sets["test"]))
-    return Datasets(TensorDataset(*train), TensorDataset(*test), 10, 1, 28)
+def fashion_mnist_datasets(source: Path, cache_dir: str | os.PathLike | None = None
+                           ) -> Datasets:
+    """Fashion-MNIST (60,000 + 10,000 28x28 grey images, 10 classes) read by torchvision
+    from the four idx ``.gz`` files in ``source`` (see :mod:`train.fashion_mnist`); pixels
+    scaled to [0, 1] and standardised with the training mean/std. Held as tensors: a
+    per-sample PIL transform would cost more than the MLPs' own step."""
+    splits = fashion_mnist.load(source, cache_dir)
+    train_x = splits["train"][0].float().unsqueeze(1) / 255.0
+    mean, std = train_x.mean(), train_x.std()
+    sets = [TensorDataset((x.float().unsqueeze(1) / 255.0 - mean) / std, y)
+            for x, y in (splits["train"], splits["test"])]
+    return Datasets(sets[0], sets[1], 10, 1, 28)
 
 
 def synthetic_datasets(size: int, seed: int, num_classes: int = 10) -> Datasets:

@@ -1,8 +1,9 @@
 """The end-of-run summary: one screen on stdout, ``summary.json`` under ``--out``.
 
 It is computed from the records on disk, so a resumed run's summary covers the whole run.
-"Bytes vs dense" compares the bytes the slowest rank sent per iteration with a dense fp32
-ring allreduce of the same model on the same number of ranks.
+"Bytes vs dense" compares the bytes the slowest rank sent, per iteration and over the whole
+run, with what it would have sent in a dense fp32 ring allreduce of the same model on the
+same number of ranks (``2 (n-1)/n`` times the model's bytes per iteration).
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ def summarize(out: Path) -> dict:
         "mean_density": _mean(densities),
         "min_density": min(densities, default=0.0), "max_density": max(densities, default=0.0),
         "bytes_sent_per_iteration": sent, "dense_bytes_per_iteration": dense,
+        "bytes_sent_total": sum(r["bytes_sent"] for r in iterations),
+        "dense_bytes_total": dense * len(iterations),
         "bytes_ratio": sent / dense if dense else None,
         "time_per_iteration": {f: _mean([r[f] for r in iterations]) for f in TIME_FIELDS},
         "train_time": epochs[-1]["train_time"] if epochs else 0.0,
@@ -79,8 +82,10 @@ def format_summary(s: dict, figures: str | None = None) -> str:
         lines.append("bytes/iteration : none (a single rank exchanges nothing)")
     elif s["bytes_ratio"] is not None:
         lines.append(f"bytes/iteration : {_bytes(s['bytes_sent_per_iteration'])} sent by the "
-                     f"slowest rank vs {_bytes(s['dense_bytes_per_iteration'])} for a dense "
-                     f"fp32 allreduce ({s['bytes_ratio']:.2%})")
+                     f"busiest rank; a dense fp32 allreduce would send "
+                     f"{_bytes(s['dense_bytes_per_iteration'])} ({s['bytes_ratio']:.2%})")
+        lines.append(f"bytes in total  : {_bytes(s['bytes_sent_total'])} sent (busiest rank "
+                     f"of each iteration); dense would have sent {_bytes(s['dense_bytes_total'])}")
     lines.append(
         f"time/iteration  : {ms['total']:.2f} ms (slowest rank) = data {ms['data']:.2f} + "
         f"forward {ms['forward']:.2f} + backward {ms['backward']:.2f} + selection "

@@ -23,6 +23,7 @@ from horovod.torch.compression import Compressor as HorovodCompressor
 from torch.nn import functional as F  # noqa: N812
 
 import horovod_micro as hvm
+from horovod_micro.stats import StepStats
 
 from . import checkpoint, provenance
 from .cli import TrainError, compressor_names, parse_args
@@ -153,7 +154,7 @@ def train_epoch(ctx: Context, epoch: int, iteration: int, progress: Progress
         ctx.sync()
         t5 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        stats = opt.last_stats
+        stats = opt.last_stats or _no_exchange(ctx, iteration)
         exchange = t4 - t3b
         row = {
             "epoch": epoch, "iteration": iteration, "step": step, "lr": lr,
@@ -175,6 +176,15 @@ def train_epoch(ctx: Context, epoch: int, iteration: int, progress: Progress
         if hvd.rank() == 0:
             progress.update(epoch, step, steps, row["loss"], stats.density)
     return rows, time.perf_counter() - start
+
+
+def _no_exchange(ctx: Context, iteration: int) -> StepStats:
+    """What a dense method on a single rank records: Horovod's optimizer then exchanges
+    nothing (and leaves ``last_stats`` unset), so every gradient element is applied."""
+    numel = sum(p.numel() for p in ctx.model.parameters())
+    return StepStats(iteration=iteration, method=ctx.args.compressor, numel=numel,
+                     target_count=numel, threshold=None, rank_counts=[numel],
+                     global_count=numel, density=1.0)
 
 
 @torch.no_grad()
@@ -268,11 +278,12 @@ def _log_tensorboard(tb, rows: list[dict], record: dict) -> None:
         return
     for row in rows:
         for key in ("loss", "lr", "density", "threshold", "residual_norm", "total",
-                    "selection", "communication"):
+                    "selection", "communication", "bytes_sent", "bytes_received"):
             if row.get(key) is not None:
                 tb.add_scalar(f"iteration/{key}", row[key], row["iteration"])
     for key in ("train_loss", "test_loss", "test_accuracy", "epoch_time", "mean_density"):
         tb.add_scalar(f"epoch/{key}", record[key], record["epoch"])
+    tb.add_scalar("epoch/bytes_sent", sum(r["bytes_sent"] for r in rows), record["epoch"])
     tb.add_scalar("wall/test_accuracy", record["test_accuracy"], int(record["train_time"]))
 
 
