@@ -7,7 +7,8 @@ group and every process carrying this job's token (the rank processes live in se
 of their own under horovodrun). ``--resume`` must then continue from the last complete
 checkpoint and end exactly where an uninterrupted run ends. Damaged files (truncated,
 empty, garbage, a flipped byte, another torch file, missing) are a ``TrainError`` naming
-the file on every rank, and ``python -m train`` prints it without a traceback.
+the file on every rank, and ``python -m train`` prints it without a traceback; so is a
+checkpoint that rank 0 cannot write.
 """
 
 from __future__ import annotations
@@ -162,14 +163,20 @@ DAMAGE = {"truncated": "cannot be read, it is truncated or corrupt",
 def test_damaged_checkpoint_is_a_clear_error_on_every_rank(straight, tmp_path):
     paths = _damaged_copies(straight / "checkpoint.pt", tmp_path)
     paths["intact"] = str(straight / "checkpoint.pt")
+    unwritable = tmp_path / "no-such-directory" / "checkpoint.pt"
     results = run_ranks("ranks_checkpoint:load_each", np=2,
-                        kwargs={"paths": paths, "flags": RECIPE})
+                        kwargs={"paths": paths, "flags": RECIPE,
+                                "unwritable": str(unwritable)})
     for r in results:
         for case, words in DAMAGE.items():
             got = r.value[case]
             assert got["raised"] == "TrainError", (r.rank, case, got)
             assert paths[case] in got["message"] and words in got["message"], (r.rank, got)
         assert r.value["intact"] == {"raised": None, "epoch": EPOCHS}
+        # A write that fails on rank 0 is an error on every rank, not a hang.
+        assert r.value["unwritable"]["raised"] == "TrainError", r.value["unwritable"]
+        message = r.value["unwritable"]["message"]
+        assert f"cannot write checkpoint {unwritable}" in message and "No such file" in message
     assert results[0].value == results[1].value
 
 
