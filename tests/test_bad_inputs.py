@@ -11,8 +11,9 @@ sees. README.md, "Bad inputs", tabulates these with the earlier tests' cases.
 * one rank calling ``step()`` once more than the others: its last exchange has no
   partner. If the others have finished, Horovod's shutdown ends its wait with
   ``HorovodInternalError``; if they wait in another collective,
-  ``HOROVOD_MICRO_EXCHANGE_TIMEOUT_SECONDS`` ends it with ``ExchangeTimeout``, and its
-  exit then ends the others' wait with ``HorovodInternalError``.
+  ``HOROVOD_MICRO_EXCHANGE_TIMEOUT_SECONDS`` ends it with ``ExchangeTimeout`` (Gloo), and
+  its exit then ends the others' wait with ``HorovodInternalError``; on MPI, Horovod's
+  stall shutdown (``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS``) ends both waits.
 """
 
 import pytest
@@ -64,18 +65,24 @@ def test_bad_inputs_after_wrapping():
         assert "(this rank: " not in results[0].value[key]["message"]
 
 
-@pytest.mark.parametrize("then,env,errors", [
-    ("exit", {}, [None, "HorovodInternalError"]),
-    ("barrier", {"HOROVOD_MICRO_EXCHANGE_TIMEOUT_SECONDS": "20"},
+STALL = {"HOROVOD_STALL_CHECK_TIME_SECONDS": "2", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "5"}
+
+
+@pytest.mark.parametrize("then,backend_,env,errors", [
+    ("exit", "gloo", {}, [None, "HorovodInternalError"]),
+    ("barrier", "gloo", {"HOROVOD_MICRO_EXCHANGE_TIMEOUT_SECONDS": "20"},
      ["HorovodInternalError", "ExchangeTimeout"]),
+    ("barrier", "mpi", STALL, ["HorovodInternalError", "HorovodInternalError"]),
 ])
-def test_one_rank_steps_once_more(then, env, errors):
+def test_one_rank_steps_once_more(then, backend_, env, errors):
     """Rank 1 calls step() once more while rank 0 has finished (``exit``) or waits in
-    another collective (``barrier``): a clear error, never a hang."""
+    another collective (``barrier``): a clear error, never a hang. On Gloo our own timeout
+    ends the wait (Horovod's stall check does not, there); on MPI Horovod's stall
+    shutdown does."""
     results = run_ranks("ranks_bad_inputs:extra_step_then", np=2, kwargs={"then": then},
-                        env=env, timeout=300)
+                        backend=backend_, env=env, timeout=300)
     assert [r.value["raised"] for r in results] == errors, [r.value for r in results]
-    if then == "barrier":
+    if "HOROVOD_MICRO_EXCHANGE_TIMEOUT_SECONDS" in env:
         assert "no other rank joined" in results[1].value["message"]
         assert "step() or synchronize() was called more often" in results[1].value["message"]
     assert "Horovod has been shut down" in [r for r in results if r.value["raised"]
