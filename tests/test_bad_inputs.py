@@ -73,7 +73,7 @@ STALL = {"HOROVOD_STALL_CHECK_TIME_SECONDS": "2", "HOROVOD_STALL_SHUTDOWN_TIME_S
     ("barrier", "gloo", {"HOROVOD_MICRO_EXCHANGE_TIMEOUT_SECONDS": "20"},
      ["HorovodInternalError", "ExchangeTimeout"]),
     ("barrier", "mpi", STALL, ["HorovodInternalError", "HorovodInternalError"]),
-])
+], ids=["exit-gloo", "barrier-gloo", "barrier-mpi"])
 def test_one_rank_steps_once_more(then, backend_, env, errors):
     """Rank 1 calls step() once more while rank 0 has finished (``exit``) or waits in
     another collective (``barrier``): a clear error, never a hang. On Gloo our own timeout
