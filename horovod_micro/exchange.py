@@ -8,12 +8,15 @@ Every exchange starts with one variable-size ``allgather`` of an int32 block per
   contribution breaks other libraries' collectives on Gloo) and gives every rank every
   other rank's count and status with no extra message;
 * ``status`` carries per-rank conditions that must be acted on collectively (NaN/Inf in
-  the gradient, a gradient this method cannot take): a rank that finds a problem still
-  takes part in the collective, and then every rank raises or reacts identically, so one
-  rank's bad input never leaves the others waiting. (An overflow that happens only on
-  the wire, a float16 value beyond 65504 or a sum beyond the dtype's range, needs no
-  status: it shows in the aggregate, which every rank holds identically; the reducer
-  checks it there.)
+  the gradient, a gradient this method cannot take, parameters changed after wrapping): a
+  rank that finds a problem still takes part in the collective, and then every rank
+  raises or reacts identically, so one rank's bad input never leaves the others waiting.
+  Its low 8 bits are the condition's code; the bits above hold a check word that must be
+  equal on every rank (:mod:`horovod_micro.consistency`: which parameters are frozen),
+  so ranks that froze different parameters raise too, with no byte added. (An overflow
+  that happens only on the wire, a float16 value beyond 65504 or a sum beyond the
+  dtype's range, needs no status: it shows in the aggregate, which every rank holds
+  identically; the reducer checks it there.)
 
 Exact variable-size gathers, not fixed-capacity padded buffers. Measured on 2 ranks here
 (``bench/collective_shapes.py``, BENCHMARKS.md; allgather of indices + allreduce of values
@@ -34,6 +37,7 @@ Bytes are accounted with the ring model of :mod:`horovod_micro.stats`.
 from __future__ import annotations
 
 import math
+import os
 import pickle
 import time
 from dataclasses import dataclass, field
@@ -41,6 +45,7 @@ from dataclasses import dataclass, field
 import horovod.torch as hvd
 import torch
 
+from .consistency import describe_disagreement
 from .stats import ring_allgather_bytes, ring_allreduce_bytes
 
 # Status codes carried in the block header. Non-zero codes above NONFINITE are errors.
@@ -48,6 +53,8 @@ OK = 0
 NONFINITE = 1
 SPARSE_GRADIENT = 2
 GRAPH_GRADIENT = 3
+PARAMS_CHANGED = 4
+CODE_BITS = 8  # the status integer: code | check << CODE_BITS
 STATUS_MESSAGES = {
     NONFINITE: "gradient holds NaN or Inf",
     SPARSE_GRADIENT: "a gradient is a sparse tensor (e.g. nn.Embedding(sparse=True)); "
@@ -55,11 +62,53 @@ STATUS_MESSAGES = {
     GRAPH_GRADIENT: "a gradient carries an autograd graph (backward(create_graph=True)) "
     "while the gradients are views of the error-feedback residual; pass zero_copy=False "
     "to DistributedOptimizer for higher-order gradients",
+    PARAMS_CHANGED: "the wrapped optimizer's parameters changed after wrapping "
+    "(param_groups edited, add_param_group, or a parameter unfrozen that was frozen when "
+    "wrapped); wrap the optimizer again after such a change",
 }
+
+
+def with_check(status: int, check: int) -> int:
+    """The header's status integer: ``status``'s code plus a check word (< 2**23) that
+    every rank must agree on (see the module docstring)."""
+    return status | (check << CODE_BITS)
 
 
 class CollectiveInputError(RuntimeError):
     """A rank reported, through the exchange, an input that no rank can proceed with."""
+
+
+class ExchangeTimeout(RuntimeError):
+    """A gather of the sparse exchange found no partner within
+    ``HOROVOD_MICRO_EXCHANGE_TIMEOUT_SECONDS`` (the other ranks are elsewhere)."""
+
+
+TIMEOUT_ENV = "HOROVOD_MICRO_EXCHANGE_TIMEOUT_SECONDS"
+
+
+def _timeout_from_env() -> float | None:
+    value = os.environ.get(TIMEOUT_ENV)
+    return float(value) if value else None
+
+
+def _wait(handle, timeout: float, name: str) -> torch.Tensor:
+    """``hvd.synchronize(handle)``, but raise :class:`ExchangeTimeout` after ``timeout`` s.
+
+    Horovod 0.28.1's stall check does not end such a wait on Gloo here (measured: README,
+    "Bad inputs"), so without this a rank calling ``step()`` once more than the others,
+    while they wait in another collective, waits forever. Polling backs off from 50 us to
+    5 ms, so a step pays at most a few milliseconds, and only with the variable set."""
+    deadline, pause = time.monotonic() + timeout, 5e-5
+    while not hvd.poll(handle):
+        if time.monotonic() > deadline:
+            raise ExchangeTimeout(
+                f"{name}: no other rank joined this collective within {timeout:g} s "
+                f"({TIMEOUT_ENV}). The ranks are out of step: step() or synchronize() was "
+                "called more often on some ranks (uneven data?), or another rank is in a "
+                "different collective, or gone")
+        time.sleep(pause)
+        pause = min(2 * pause, 5e-3)
+    return hvd.synchronize(handle)
 
 
 @dataclass
@@ -92,6 +141,9 @@ class Comm:
 
     process_set: hvd.ProcessSet = field(default_factory=lambda: hvd.global_process_set)
     prefix: str = "hvm"
+    #: seconds a gather may wait for the other ranks (``HOROVOD_MICRO_EXCHANGE_TIMEOUT_
+    #: SECONDS``; unset: forever, as Horovod's own collectives)
+    timeout: float | None = field(default_factory=_timeout_from_env)
 
     @property
     def rank(self) -> int:
@@ -109,7 +161,11 @@ class Comm:
     # Horovod in unit tests of a sparsifier.
     def allgather(self, tensor: torch.Tensor, role: str) -> torch.Tensor:
         """Every rank's ``tensor`` concatenated along dim 0, in rank order."""
-        return hvd.allgather(tensor, name=self.name(role), process_set=self.process_set)
+        if self.timeout is None:
+            return hvd.allgather(tensor, name=self.name(role), process_set=self.process_set)
+        handle = hvd.allgather_async(tensor, name=self.name(role),
+                                     process_set=self.process_set)
+        return _wait(handle, self.timeout, self.name(role))
 
     def allreduce_(self, tensor: torch.Tensor, role: str, op, prescale: float,
                    postscale: float) -> torch.Tensor:
@@ -134,6 +190,7 @@ class Gathered:
     per_rank: list[torch.Tensor]
     statuses: list[int]
     aux: list[int]
+    checks: list[int] = field(default_factory=list)
 
     @property
     def counts(self) -> list[int]:
@@ -149,6 +206,9 @@ class Gathered:
             for r, s in enumerate(self.statuses)
             if s not in (OK, NONFINITE)
         ]
+        disagreement = describe_disagreement(self.checks)
+        if disagreement:
+            problems.append(disagreement)
         if problems:
             raise CollectiveInputError("; ".join(problems))
 
@@ -164,17 +224,18 @@ def gather_indices(comm: Comm, indices: torch.Tensor, status: int, traffic: Traf
     traffic.timed(role, start)
 
     host = gathered if gathered.device.type == "cpu" else gathered.cpu()
-    per_rank, statuses, auxes, sizes = [], [], [], []
+    per_rank, statuses, checks, auxes, sizes = [], [], [], [], []
     pos, head = 0, header.numel()
     for _ in range(comm.size):
         rank_status, count, rank_aux = (int(v) for v in host[pos : pos + head])
-        statuses.append(rank_status)
+        statuses.append(rank_status & ((1 << CODE_BITS) - 1))
+        checks.append(rank_status >> CODE_BITS)
         auxes.append(rank_aux)
         per_rank.append(gathered[pos + head : pos + head + count])
         sizes.append((count + head) * block.element_size())
         pos += head + count
     traffic.add(ring_allgather_bytes(sizes, comm.rank))
-    return Gathered(per_rank, statuses, auxes)
+    return Gathered(per_rank, statuses, auxes, checks)
 
 
 def allreduce_values(comm: Comm, values: torch.Tensor, traffic: Traffic, op,

@@ -44,7 +44,8 @@ import horovod.torch as hvd
 import torch
 
 from .compression import Compression, is_dense_compressor
-from .exchange import Comm
+from .consistency import parameter_changes
+from .exchange import OK, PARAMS_CHANGED, CollectiveInputError, Comm
 from .reducer import FlatLayout, SparseReducer
 from .sparsifiers.base import Reduction, Sparsifier
 from .stats import StepStats, ring_allreduce_bytes
@@ -101,6 +102,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             named = _name_parameters(self.param_groups, None)
             self._argument_errors = [str(error)]
         self._layout = FlatLayout([(n, p) for n, p in named if p.requires_grad])
+        self._wrapped_ids = {id(p) for g in self.param_groups for p in g["params"]}
         self._parameter_names = {p: n for n, p in named}
         # Horovod: a rank outside the optimizer's process set exchanges nothing and its
         # step() is the wrapped optimizer's local step.
@@ -238,11 +240,20 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             raise RuntimeError("this horovod_micro DistributedOptimizer was closed (its "
                                "parameters were wrapped again, or close() was called)")
         try:
+            change = self._parameter_change() if self._included else None
             if self._included and self._sparse:
                 if self._state_sync_pending:
                     self._adopt_shared_state()
                 self._follow_loss_scale()
-                self._reducer.reduce()
+                try:
+                    self._reducer.reduce(PARAMS_CHANGED if change else OK)
+                except CollectiveInputError as error:
+                    if change:
+                        raise CollectiveInputError(f"{error} (this rank: {change})") from None
+                    raise
+            elif change:  # dense: Horovod's collectives carry no status; every rank that
+                # changed its optimizer raises here (README, "Bad inputs")
+                raise ValueError(f"horovod_micro.DistributedOptimizer: {change}")
             elif self._included and (self.process_set.size() > 1 or self._hooks):
                 self._synchronize_dense()
         finally:
@@ -252,6 +263,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             for p in self._passes:
                 self._passes[p] = 0
         self._synchronized = True
+
+    def _parameter_change(self) -> str | None:
+        """How ``param_groups`` differ from wrapping time (:mod:`.consistency`)."""
+        return parameter_changes(self.param_groups, self._wrapped_ids, self._layout.params,
+                                 self._parameter_names)
 
     def _adopt_shared_state(self) -> None:
         """Make the iteration and the sparsifier's state (e.g. MiCRO's controller) those of

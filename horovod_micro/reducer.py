@@ -34,7 +34,16 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from .exchange import GRAPH_GRADIENT, NONFINITE, OK, SPARSE_GRADIENT, Comm, Traffic
+from .consistency import step_check
+from .exchange import (
+    GRAPH_GRADIENT,
+    NONFINITE,
+    OK,
+    SPARSE_GRADIENT,
+    Comm,
+    Traffic,
+    with_check,
+)
 from .sparsifiers.base import Reduced, Reduction, Sparsifier
 from .stats import PhaseClock, StepStats
 
@@ -118,8 +127,11 @@ class SparseReducer:
         # refused (SPARSE_GRADIENT). So the first step always takes the out-of-place path.
         self._dense_before = [False] * len(layout.params)
 
-    def reduce(self) -> StepStats:
+    def reduce(self, reported: int = OK) -> StepStats:
         """Exchange the current ``.grad`` of every parameter and replace it by the result.
+
+        ``reported``: an error status the caller found on this rank (PARAMS_CHANGED),
+        raised collectively like the reducer's own.
 
         If the exchange raises, nothing was applied: the iteration and the sparsifier's
         state are those from before the call, and ``a_t`` is kept whole. Where backward
@@ -134,13 +146,16 @@ class SparseReducer:
         sq_norm = float(torch.dot(acc, acc))
         if status == OK and not _all_finite(acc, sq_norm):
             status = NONFINITE
+        if reported != OK:
+            status = reported
         clock.lap("check")
         self.sparsifier.prepare(sq_norm)
         selection = self.sparsifier.select(acc, self.iteration)
         clock.lap("select")
 
         traffic = Traffic()
-        reduced = self.sparsifier.exchange(acc, selection, status, self.iteration,
+        word = with_check(status, step_check(self.layout.params))
+        reduced = self.sparsifier.exchange(acc, selection, word, self.iteration,
                                            self.reduction, traffic)
         clock.lap("exchange")
         if not in_place:  # a_t was built in the output buffer: the buffers trade roles

@@ -78,9 +78,10 @@ class RecordWriter:
             if resume_epoch is None or not path.exists():
                 path.write_text("")
             else:
-                # Drop records of epochs after the checkpoint (an interrupted epoch).
-                kept = [line for line in path.read_text().splitlines()
-                        if line and json.loads(line)["epoch"] < resume_epoch]
+                # Drop records of epochs after the checkpoint (an interrupted epoch),
+                # and a last line cut short by a crash.
+                kept = [line for line in _whole_lines(path)
+                        if json.loads(line)["epoch"] < resume_epoch]
                 path.write_text("".join(line + "\n" for line in kept))
 
     def iterations(self, rows: list[dict]) -> None:
@@ -94,6 +95,17 @@ class RecordWriter:
             with open(self.out / name, "a") as f:
                 for row in rows:
                     f.write(json.dumps(row) + "\n")
+
+
+def _whole_lines(path: Path) -> list[str]:
+    """The non-empty lines of ``path``, without a last line that a crash cut short."""
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    if lines:
+        try:
+            json.loads(lines[-1])
+        except json.JSONDecodeError:
+            lines.pop()
+    return lines
 
 
 def read_jsonl(path: Path) -> list[dict]:
