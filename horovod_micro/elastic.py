@@ -17,7 +17,8 @@ What the handler does at each point of Horovod's elastic loop (README, "Elastic 
 * after every reset, on every rank, newcomers included -> :meth:`~SparseOptimizerHandler.sync`:
   the optimizer rebinds to the new set size (partition, ownership, controller mapped and
   then taken from rank 0), and the wrapped optimizer's state (momentum) is broadcast from
-  rank 0, as Horovod's handler does.
+  rank 0, as Horovod's handler does, followed by the parameters once more (Horovod's
+  optimizer broadcast can step a newcomer's weights).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import abc
 
 import torch
 from horovod.torch.elastic import state as torch_state
-from horovod.torch.functions import broadcast_optimizer_state
+from horovod.torch.functions import broadcast_optimizer_state, broadcast_parameters
 
 
 class ElasticOptimizer(abc.ABC):  # noqa: B024  (a marker: no abstract methods)
@@ -49,6 +50,13 @@ class SparseOptimizerHandler(torch_state.StateHandler):
     def sync(self) -> None:
         self.value.rebind()
         broadcast_optimizer_state(self.value, root_rank=0)
+        # A worker with no optimizer state yet (a newcomer) makes it with one step of the
+        # wrapped optimizer on zero gradients, inside broadcast_optimizer_state; with
+        # weight decay that step moves its weights away from rank 0's, which the model's
+        # handler broadcast just before. Broadcast them again.
+        params = [p for group in self.value.param_groups for p in group["params"]]
+        broadcast_parameters([(f"hvm.elastic.param.{i}", p) for i, p in enumerate(params)],
+                             root_rank=0)
 
 
 def register_handler() -> None:
