@@ -21,7 +21,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
+import threading
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -35,8 +38,11 @@ WORKER = TESTS / "elastic_worker.py"
 STEPS, COMMIT_EVERY, KILL_AT, ADD_AT = 60, 5, 17, 30
 DENSITY = 0.05
 # Gloo's timeout bounds how long a survivor waits on a peer that died without closing its
-# socket; long enough for a new worker to import torch on a loaded 2-core machine.
+# socket, and also how long the rendezvous waits for a new worker to start: long enough
+# for the test worker to import torch on a loaded 2-core machine; python -m train imports
+# more (a 20 s bound failed there twice under load).
 GLOO_TIMEOUT_S = "20"
+TRAIN_GLOO_TIMEOUT_S = "60"
 
 
 def run_elastic_job(method: str, tmp_path: Path) -> dict:
@@ -122,3 +128,81 @@ def test_lost_and_added_worker(method, tmp_path):
     assert first < max(rows[pid][ADD_AT]["residual_norm"] for pid in (survivor,))
     print(f"{method}: residual norm lost with the killed rank {lost:.3f}, kept by the "
           f"survivors {kept}; newcomer after its first step {first:.3f}")
+
+
+def _worker_pids(marker: str, host: str) -> list[int]:
+    """Processes whose command line holds ``marker`` and that Horovod started on ``host``
+    (``HOROVOD_HOSTNAME`` in their environment)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            environ = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:  # gone, or not ours
+            continue
+        if marker in cmdline and "-m train" in cmdline and (
+                f"HOROVOD_HOSTNAME={host}".encode() in environ):
+            pids.append(int(proc.name))
+    return pids
+
+
+def _wait_for(predicate, what: str, limit_s: float = 300.0) -> None:
+    """Poll ``predicate`` (a bound on a wait, not a time assertion)."""
+    waited = 0.0
+    while not predicate():
+        if waited > limit_s:
+            raise AssertionError(f"gave up waiting for {what}")
+        time.sleep(0.2)
+        waited += 0.2
+
+
+def _lines(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_train_elastic_kill_and_add(tmp_path):
+    """``python -m train --elastic`` under horovodrun's elastic mode: the test SIGKILLs the
+    worker on 127.0.0.1 from outside while it trains, then adds a slot; the run finishes,
+    the records show the membership changes, and the figures draw them."""
+    out = tmp_path / "run"
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("localhost:2\n127.0.0.1:1\n")
+    discovery = tmp_path / "discover.sh"
+    discovery.write_text(f"#!/bin/sh\ncat {hosts}\n")
+    discovery.chmod(0o755)
+    cmd = [horovodrun(), "-np", "3", "--min-np", "2", "--max-np", "3",
+           "--host-discovery-script", str(discovery), "--gloo",
+           sys.executable, "-m", "train", "--elastic", "--commit-every", "4",
+           "--epochs", "12", "--max-iters-per-epoch", "8", "--out", str(out),
+           "--progress", "none", "--no-plots"]
+    result: dict = {}
+    job = threading.Thread(target=lambda: result.update(proc=run_bounded(
+        cmd, timeout=480, cwd=REPO, check=False, label="train --elastic",
+        env={"HOROVOD_GLOO_TIMEOUT_SECONDS": TRAIN_GLOO_TIMEOUT_S})))
+    job.start()
+    try:
+        iterations, membership = out / "iterations.jsonl", out / "membership.jsonl"
+        _wait_for(lambda: len(_lines(iterations)) >= 12, "12 committed iterations")
+        victims = _worker_pids(str(out), "127.0.0.1")
+        assert len(victims) == 1, victims
+        os.kill(victims[0], signal.SIGKILL)
+        _wait_for(lambda: len(_lines(membership)) >= 2, "the restart after the kill")
+        hosts.write_text("localhost:3\n")
+    finally:
+        job.join()
+    proc = result["proc"]
+    assert proc.returncode == 0, tail(proc.stdout)
+    starts = _lines(membership)
+    assert [m["world_size"] for m in starts] == [3, 2, 3], starts
+    rows = _lines(iterations)
+    # Exactly the committed iterations, each once, each with the world size it ran at.
+    assert [r["iteration"] for r in rows] == list(range(len(rows)))
+    for (begin, size), end in zip([(m["iteration"], m["world_size"]) for m in starts],
+                                  [m["iteration"] for m in starts[1:]] + [len(rows)]):
+        assert {r["world_size"] for r in rows[begin:end]} == {size}
+    assert len(_lines(out / "epochs.jsonl")) == 12
+    from train.plot import Run, make_figures
+    assert Run(out).resets == [(starts[1]["iteration"], 2), (starts[2]["iteration"], 3)]
+    assert all(p.stat().st_size > 0 for p in make_figures([out], tmp_path / "figures"))

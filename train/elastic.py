@@ -37,12 +37,10 @@ from torch.utils.data import DataLoader, Sampler
 
 from .data import eval_loader
 from .progress import Progress
-from .records import EPOCHS_FILE, ITERATIONS_FILE
+from .records import EPOCHS_FILE, ITERATIONS_FILE, MEMBERSHIP_FILE
 from .schedule import peak_lr
 from .summary import summarize
 from .trainer import Context, evaluate, setup, train_step
-
-MEMBERSHIP_FILE = "membership.jsonl"
 
 
 class ResumedSampler(Sampler):

@@ -2,7 +2,9 @@
 
 * ``accuracy_vs_time.png``: test accuracy against cumulative training wall time (slowest
   rank; evaluation and checkpoints excluded), one line per run/method;
-* ``density.png``: actual density per iteration, with each run's user-set density dashed;
+* ``density.png``: actual density per iteration, with each run's user-set density dashed
+  (elastic runs: a dotted vertical line at each change of the set of workers, here and in
+  the threshold/residual figure);
 * ``threshold_residual.png``: the selection threshold per iteration, and the residual norm
   scaled by the local gradient norm (``||e_t|| / ||g_t||``: how many gradients' worth of
   unsent error the ranks carry; mean over ranks), sparse methods only;
@@ -20,7 +22,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from .records import EPOCHS_FILE, ITERATIONS_FILE, read_jsonl  # noqa: E402
+from .records import EPOCHS_FILE, ITERATIONS_FILE, MEMBERSHIP_FILE, read_jsonl  # noqa: E402
 
 PHASES = ("data", "forward", "backward", "selection", "communication", "sync_other", "update")
 
@@ -36,6 +38,11 @@ class Run:
         self.config = json.loads((self.path / "run.json").read_text())
         self.iterations = read_jsonl(self.path / ITERATIONS_FILE)
         self.epochs = read_jsonl(self.path / EPOCHS_FILE)
+        # Elastic runs (python -m train --elastic): the iterations where the set of
+        # workers changed, drawn as vertical lines.
+        membership = self.path / MEMBERSHIP_FILE
+        starts = read_jsonl(membership) if membership.exists() else []
+        self.resets = [(m["iteration"], m["world_size"]) for m in starts[1:]]
         method = self.config["compressor"]
         dense = method in ("none", "fp16")
         self.label = method if dense else f"{method} d={self.config['density']:g}"
@@ -48,6 +55,15 @@ def _labels(runs: list[Run]) -> None:
     for run in runs:
         if seen[run.label] > 1:
             run.label = f"{run.label} ({run.path.name})"
+
+
+def _mark_resets(ax, run: Run, color) -> None:
+    """A dotted vertical line, labelled with the new world size, at each membership
+    change of an elastic run."""
+    for iteration, size in run.resets:
+        ax.axvline(iteration, color=color, ls=":", lw=1)
+        ax.annotate(f"n={size}", (iteration, 1.0), xycoords=("data", "axes fraction"),
+                    fontsize=7, color=color, ha="left", va="top")
 
 
 def _save(fig, path: Path) -> Path:
@@ -74,6 +90,7 @@ def density(runs: list[Run], out: Path) -> Path:
     for run in runs:
         (line,) = ax.plot([r["iteration"] for r in run.iterations],
                           [r["density"] for r in run.iterations], label=run.label, lw=0.8)
+        _mark_resets(ax, run, line.get_color())
         target = run.iterations[0]["target_density"] if run.iterations else None
         if target is not None:
             ax.axhline(target, color=line.get_color(), ls="--", lw=1,
@@ -98,7 +115,9 @@ def threshold_residual(runs: list[Run], out: Path) -> Path:
                   for r in run.iterations
                   if r.get("residual_norm") is not None and r.get("grad_norm")]
         if scaled:
-            bottom.plot(*zip(*scaled), label=run.label, lw=0.8)
+            (line,) = bottom.plot(*zip(*scaled), label=run.label, lw=0.8)
+            _mark_resets(top, run, line.get_color())
+            _mark_resets(bottom, run, line.get_color())
             drawn = True
     top.set(ylabel="threshold", yscale="log", title="Threshold and scaled residual norm")
     bottom.set(xlabel="iteration", ylabel="||residual|| / ||gradient||", yscale="log")
