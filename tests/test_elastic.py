@@ -206,3 +206,36 @@ def test_train_elastic_kill_and_add(tmp_path):
     from train.plot import Run, make_figures
     assert Run(out).resets == [(starts[1]["iteration"], 2), (starts[2]["iteration"], 3)]
     assert all(p.stat().st_size > 0 for p in make_figures([out], tmp_path / "figures"))
+
+
+def test_part_multipliers_map_by_overlap():
+    """Each new part's log-multiplier is the overlap-weighted mean of the old parts' over
+    its coordinates (computed here by expanding to one value per coordinate)."""
+    from horovod_micro.part_controller import PartController
+    from horovod_micro.partition import part_bounds
+
+    numel = 1003
+    for old_n, new_n in [(3, 2), (2, 3), (4, 4), (5, 1), (1, 7)]:
+        old = [e - s for s, e in part_bounds(numel, old_n)]
+        controller = PartController(10, old, 0.01)
+        controller.log_multipliers = [0.3 * i - 0.5 for i in range(old_n)]
+        controller.excess = 0.7
+        per_coordinate = [m for m, size in zip(controller.log_multipliers, old)
+                          for _ in range(size)]
+        new_bounds = part_bounds(numel, new_n)
+        controller.remap([e - s for s, e in new_bounds])
+        expected = [sum(per_coordinate[s:e]) / (e - s) for s, e in new_bounds]
+        assert controller.log_multipliers == pytest.approx(expected, rel=1e-12)
+        assert controller.sizes == [e - s for s, e in new_bounds]
+        assert controller.excess == 0.7
+    with pytest.raises(ValueError, match="cover"):
+        controller.remap([1, 2])
+
+
+def test_elastic_flags_refuse_what_a_reset_would_break():
+    from train.cli import parse_args
+
+    assert parse_args(["--elastic", "--commit-every", "3"]).commit_every == 3
+    for extra in (["--resume"], ["--download"], ["--tensorboard"], ["--commit-every", "0"]):
+        with pytest.raises(SystemExit):
+            parse_args(["--elastic", *extra])

@@ -124,6 +124,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.elastic and args.resume:
         parser.error("--resume cannot be combined with --elastic (a checkpoint holds one "
                      "residual per rank of a fixed world size)")
+    for flag in ("download", "tensorboard"):
+        if args.elastic and getattr(args, flag):
+            parser.error(f"--{flag} cannot be combined with --elastic (train/README.md, "
+                         "elastic training)")
     for name in ("epochs", "batch_size", "test_batch_size", "commit_every"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
