@@ -75,12 +75,12 @@ def main(cfg: dict) -> None:
         waited = 0.0
         while state.iteration < cfg["steps"]:
             it = state.iteration
-            if it >= cfg["add_at"] >= 0 and hvd.size() < cfg["final_size"]:
+            if it >= cfg["add_at"] >= 0 and hvd.size() != cfg["final_size"]:
                 if hvd.rank() == 0 and not state.hosts_rewritten:
                     Path(cfg["hosts_file"]).write_text(cfg["add_hosts"])
                 state.hosts_rewritten = True
                 if waited > JOIN_LIMIT_S:
-                    raise RuntimeError("no new worker joined within the limit")
+                    raise RuntimeError("the set of workers did not change within the limit")
                 time.sleep(0.2)
                 waited += 0.2
                 state.commit()  # raises HostsUpdatedInterrupt once the driver saw it

@@ -45,8 +45,9 @@ GLOO_TIMEOUT_S = "20"
 TRAIN_GLOO_TIMEOUT_S = "60"
 
 
-def run_elastic_job(method: str, tmp_path: Path) -> dict:
-    """Run the job; return its per-process rows (deduplicated) and final states."""
+def run_elastic_job(method: str, tmp_path: Path, **overrides) -> dict:
+    """Run the job (``overrides`` change the worker's settings); return its per-process
+    rows (deduplicated) and final states."""
     out = tmp_path / "out"
     out.mkdir()
     hosts = tmp_path / "hosts.txt"
@@ -56,7 +57,8 @@ def run_elastic_job(method: str, tmp_path: Path) -> dict:
     discovery.chmod(0o755)
     cfg = {"method": method, "density": DENSITY, "steps": STEPS, "commit_every": COMMIT_EVERY,
            "kill_at": KILL_AT, "kill_host": "127.0.0.1", "add_at": ADD_AT, "final_size": 3,
-           "hosts_file": str(hosts), "add_hosts": "localhost:3\n", "out": str(out)}
+           "hosts_file": str(hosts), "add_hosts": "localhost:3\n", "out": str(out),
+           **overrides}
     cmd = [horovodrun(), "-np", "3", "--min-np", "2", "--max-np", "3",
            "--host-discovery-script", str(discovery), "--gloo",
            sys.executable, str(WORKER), json.dumps(cfg)]
@@ -128,6 +130,27 @@ def test_lost_and_added_worker(method, tmp_path):
     assert first < rows[survivor][ADD_AT]["residual_norm"]
     print(f"{method}: residual norm lost with the killed rank {lost:.3f}, kept by the "
           f"survivors {kept}; newcomer after its first step {first:.3f}")
+
+
+def test_graceful_removal_rebinds_at_the_next_exchange(tmp_path):
+    """A host taken out of the discovery output: Horovod raises HostsUpdatedInterrupt and,
+    since hosts were only removed, skips the state sync; the first synchronize() that sees
+    the smaller set rebinds (two parts, not three). A part left without an owner would
+    never be selected, and the density would sit near 2/3 of the target."""
+    job = run_elastic_job("micro", tmp_path, kill_at=-1, add_at=20, final_size=2,
+                          add_hosts="localhost:2\n", steps=50)
+    finals, rows = job["finals"], job["rows"]
+    assert len(finals) == 2 and {f["size"] for f in finals} == {2}
+    assert {f["iteration"] for f in finals} == {50}
+    assert len({f["weights"] for f in finals}) == 1
+    assert len({f["controller"] for f in finals}) == 1
+    controller = json.loads(finals[0]["controller"])["sparsifier"]["controller"]
+    assert len(controller["log_multipliers"]) == 2
+    survivor = rows[finals[0]["pid"]]
+    assert {survivor[i]["size"] for i in range(20, 50)} == {2}
+    densities = [survivor[i]["density"] / DENSITY for i in range(20, 50)]
+    assert all(abs(d - 1.0) <= 0.10 for d in densities[20:]), densities
+    assert sum(densities) / len(densities) > 0.9
 
 
 def _worker_pids(marker: str, host: str) -> list[int]:
