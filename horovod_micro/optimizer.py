@@ -31,6 +31,7 @@ others waiting in a collective.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import os
 import time
@@ -45,11 +46,12 @@ import torch
 
 from .compression import Compression, is_dense_compressor
 from .consistency import parameter_changes
+from .elastic import ElasticOptimizer
 from .exchange import OK, PARAMS_CHANGED, CollectiveInputError, Comm
 from .reducer import FlatLayout, SparseReducer
 from .sparsifiers.base import Reduction, Sparsifier
 from .stats import StepStats, ring_allreduce_bytes
-from .validation import check_collectively
+from .validation import check_collectively, local_errors
 
 _STATE_KEY = "horovod_micro"
 # How many optimizers this process has built per (process set, parameters, compressor):
@@ -111,10 +113,23 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             return
 
         set_id = process_set.process_set_id
-        check_collectively(self, named, groups,
-                           Comm(process_set, prefix=f"hvm.ps{set_id}.check"))
+        self._named, self._groups_argument = named, groups
+        # Under Elastic Horovod a worker that joins a running job builds its optimizer
+        # while the others already wait in the state sync: no collective may run here. The
+        # collective check then runs in the first rebind (TorchState's sync, or the first
+        # synchronize()); a rank whose own arguments are wrong builds no reducer, and that
+        # check reports it on every rank.
+        self._elastic = os.environ.get("HOROVOD_ELASTIC") == "1"
+        self._bound_size = process_set.size()
+        self._checked = not self._elastic
+        if self._checked:
+            check_collectively(self, named, groups, self._check_comm())
+        elif local_errors(self, named, groups):
+            compression = _Unbuildable(compression)
         self._comm = Comm(process_set, prefix=_collective_prefix(set_id, self._layout,
                                                                  compression))
+        if isinstance(compression, _Unbuildable):
+            return
         if self._sparse:
             # With a GradScaler the residual follows the loss scale between steps, which
             # needs e_t and g_t apart: no zero-copy error feedback then.
@@ -239,6 +254,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if self._closed:
             raise RuntimeError("this horovod_micro DistributedOptimizer was closed (its "
                                "parameters were wrapped again, or close() was called)")
+        if self._included and (not self._checked
+                               or self.process_set.size() != self._bound_size):
+            self.rebind()
         try:
             change = self._parameter_change() if self._included else None
             if self._included and self._sparse:
@@ -286,6 +304,74 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                       process_set=self.process_set)
         self._reducer.load_shared_state(shared)
         self._state_sync_pending = False
+
+    # ----- Elastic Horovod -----------------------------------------------------------------
+    def _check_comm(self) -> Comm:
+        return Comm(self.process_set, prefix=f"hvm.ps{self.process_set.process_set_id}.check")
+
+    def rebind(self) -> None:
+        """Re-derive everything that depends on the process set's size, collectively.
+
+        Called on every rank after an elastic reset (by the TorchState handler's sync, or
+        by the first ``synchronize()`` that sees a new size), and once under Elastic Horovod
+        in place of the construction-time check. It checks the arguments collectively,
+        re-partitions the flat gradient for the new ``n`` (ownership follows, since rank
+        ``r`` owns part ``(t + r) mod n``), maps the controller's per-part state onto the
+        new parts, and then adopts the iteration and the sparsifier's state of the set's
+        first rank, so every rank holds the same. Residuals are left as they are: see
+        the README, "Elastic training".
+        """
+        if not self._included:
+            return
+        # On every rank, checked before or not: a newcomer's first check and a survivor's
+        # rebind are the same collectives.
+        check_collectively(self, self._named, self._groups_argument, self._check_comm())
+        self._checked = True
+        size = self.process_set.size()
+        if self._reducer is not None:
+            self._reducer.sparsifier.rebind(size)
+            self._adopt_shared_state()
+        self._bound_size = size
+
+    def elastic_snapshot(self) -> dict:
+        """This rank's whole optimizer state, copied to host-independent storage for
+        ``hvd.elastic.TorchState``'s commit: the wrapped optimizer's state and, for sparse
+        methods, this rank's residual, the iteration, the sparsifier's state and the set
+        size it was sized for. Unlike :meth:`state_dict` it is restored only into this same
+        process (:meth:`elastic_restore`), so it carries no rank check."""
+        snapshot = {"optimizer": copy.deepcopy(super(self.__class__, self).state_dict())}
+        if self._reducer is not None:
+            reducer = self._reducer
+            snapshot["sparse"] = {"size": self._bound_size,
+                                  "shared": copy.deepcopy(reducer.shared_state()),
+                                  "residual": reducer.residual.detach().clone(),
+                                  "loss_scale": self._loss_scale}
+        return snapshot
+
+    def elastic_restore(self, snapshot: dict) -> None:
+        """Back to a snapshot of this process (after a collective failed: Horovod restores
+        the last commit on every surviving rank, so model, residual and controller are all
+        from the same iteration). Gradients are dropped, since a half-done step's ``.grad``
+        must not be added to by the next backward; the next rebind adapts the state to the
+        new set size."""
+        self._handles.clear()
+        for p in self._passes:
+            self._passes[p] = 0
+        self._synchronized = False
+        self._should_synchronize = True
+        super(self.__class__, self).load_state_dict(copy.deepcopy(snapshot["optimizer"]))
+        for p in self._layout.params:
+            p.grad = None
+        sparse = snapshot.get("sparse")
+        if self._reducer is not None and sparse is not None:
+            reducer = self._reducer
+            if sparse["size"] != self._bound_size:
+                reducer.sparsifier.rebind(sparse["size"])
+                self._bound_size = sparse["size"]
+            reducer.forget_views()
+            reducer.residual.copy_(sparse["residual"])
+            reducer.load_shared_state(copy.deepcopy(sparse["shared"]))
+            self._loss_scale = sparse["loss_scale"]
 
     def _follow_loss_scale(self) -> None:
         """With ``grad_scaler``, keep the residual and the threshold in the units of this
@@ -420,6 +506,17 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._reducer.load_state_dict(sparse_state)
             self._loss_scale = sparse_state.get("loss_scale", 1.0)
             self._state_sync_pending = True
+
+
+class _Unbuildable:
+    """Stands in for a compressor that this rank's own check refused (elastic start):
+    no reducer is built, and the deferred collective check raises on every rank."""
+
+    def __init__(self, compression):
+        self.compression = compression
+
+    def __repr__(self) -> str:
+        return f"unbuildable {self.compression!r}"
 
 
 def _make_hook(optimizer: weakref.ref):
@@ -576,6 +673,7 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name)
     # then initialises state with the wrapped optimizer's own step (no exchange); saying
     # that we are one keeps a state broadcast from running a collective step.
     cls.__module__ = hvd.DistributedOptimizer.__module__
+    ElasticOptimizer.register(cls)  # hvd.elastic.TorchState picks our handler
     return cls(optimizer.param_groups, named_parameters, compression,
                backward_passes_per_step, op, gradient_predivide_factor, groups,
                sparse_as_dense, process_set, stats_callback, grad_scaler, zero_copy)

@@ -218,6 +218,26 @@ class PartController:
                 step = self.gain * math.log(max(report, 0.5) / self.part_target(part)) / self.slope
             self.log_multipliers[part] += min(max(step, -limit), limit)
 
+    def remap(self, sizes: list[int]) -> None:
+        """Re-cut the same ``N`` coordinates into new parts (an elastic reset changed the
+        number of ranks): each new part's ``log m`` is the overlap-weighted mean of the old
+        parts' ``log m`` over the coordinates it covers. A multiplier is a threshold in RMS
+        units learned for a stretch of the gradient, so a stretch keeps what was learned
+        for it; ``excess`` (the integral term) is a property of the whole count and stays.
+        Pure arithmetic on the shared state, so every rank that remaps the same state gets
+        the same multipliers."""
+        if sum(sizes) != self.numel:
+            raise ValueError(f"new parts cover {sum(sizes)} coordinates, this controller "
+                             f"{self.numel}")
+        old = _edges(self.sizes)
+        mapped = []
+        for start, end in _edges(sizes):
+            weighted = sum(max(0, min(end, e) - max(start, s)) * m
+                           for (s, e), m in zip(old, self.log_multipliers))
+            mapped.append(weighted / (end - start) if end > start else
+                          self.log_multipliers[min(_part_at(old, start), len(old) - 1)])
+        self.sizes, self.log_multipliers = list(sizes), mapped
+
     def rescale(self, ratio: float) -> None:
         """Scale-free: the multipliers hold in any units."""
         del ratio
@@ -235,3 +255,17 @@ class PartController:
                              f"parts, this optimizer {len(self.sizes)}")
         self.log_multipliers = [float(v) for v in state["log_multipliers"]]
         self.excess = float(state["excess"])
+
+
+def _edges(sizes: list[int]) -> list[tuple[int, int]]:
+    """``[start, end)`` of consecutive parts of the given sizes."""
+    edges, start = [], 0
+    for size in sizes:
+        edges.append((start, start + size))
+        start += size
+    return edges
+
+
+def _part_at(edges: list[tuple[int, int]], index: int) -> int:
+    """The part whose range holds coordinate ``index`` (an empty new part: the next one)."""
+    return next((i for i, (_, e) in enumerate(edges) if index < e), len(edges) - 1)

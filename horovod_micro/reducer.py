@@ -282,6 +282,13 @@ class SparseReducer:
                 torch.add(self.residual[start:end], grad.reshape(-1), out=acc[start:end])
         return acc, status, False
 
+    def forget_views(self) -> None:
+        """The residual is about to be overwritten as a whole (an elastic restore): its
+        version counter no longer tells backward's adds apart, and the gradients it served
+        are dropped; the next step starts out of place and installs views again."""
+        self._views_version = None
+        self._view_accumulations = 0
+
     def _check_views(self) -> bool:
         """Since the views were installed, only backward may have written into them (one
         in-place add per accumulation, counted by :meth:`count_accumulation`). Anything

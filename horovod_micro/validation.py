@@ -62,7 +62,7 @@ def local_errors(opt, named, groups) -> list[str]:
         error = compression.config_error() or compression.bind_error(layout.numel)
         if error:
             errors.append(error)
-        if compression.comm is not None:
+        if compression.comm is not None and compression.comm is not getattr(opt, "_comm", None):
             errors.append(f"this {compression.name} compressor already serves another "
                           "optimizer; create one compressor per optimizer")
         if layout.numel == 0:

@@ -104,6 +104,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-iters-per-epoch", type=int, default=None,
                    help="cut every epoch short (tiny runs, throughput)")
 
+    g = p.add_argument_group("elastic (run under horovodrun --min-np/--max-np "
+                             "--host-discovery-script)")
+    g.add_argument("--elastic", action="store_true",
+                   help="Elastic Horovod: survive lost and added workers (train/README.md)")
+    g.add_argument("--commit-every", type=int, default=10, metavar="K",
+                   help="with --elastic: commit the state in memory every K iterations")
+
     g = p.add_argument_group("output")
     g.add_argument("--out", default="runs/default",
                    help="records (JSON Lines), checkpoint, figures")
@@ -126,7 +133,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             setattr(args, key, value)
     if args.density is not None and not 0.0 < args.density <= 1.0:
         parser.error(f"--density must be in (0, 1], got {args.density}")
-    for name in ("epochs", "batch_size", "test_batch_size"):
+    if args.elastic and args.resume:
+        parser.error("--resume cannot be combined with --elastic (a checkpoint holds one "
+                     "residual per rank of a fixed world size)")
+    for flag in ("download", "tensorboard"):
+        if args.elastic and getattr(args, flag):
+            parser.error(f"--{flag} cannot be combined with --elastic (train/README.md, "
+                         "elastic training)")
+    for name in ("epochs", "batch_size", "test_batch_size", "commit_every"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
     return args

@@ -9,7 +9,8 @@ several seeds read as one method with its spread:
   with the runs' min-max band; ``--target`` draws the target accuracy;
 * ``density.png``: actual density per iteration (a moving mean over 1 % of the run, the
   raw trace faint behind it), each method's user-set density dashed; dense methods (density
-  1) are left out;
+  1) are left out; elastic runs get a dotted vertical line at each change of the set of
+  workers, here and in the threshold/residual figure;
 * ``threshold_residual.png``: the selection threshold per iteration, and the residual norm
   scaled by the local gradient norm (``||e_t|| / ||g_t||``: how many gradients' worth of
   unsent error the ranks carry; mean over ranks), sparse methods only;
@@ -28,7 +29,7 @@ import numpy as np
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from .records import EPOCHS_FILE, ITERATIONS_FILE, read_jsonl  # noqa: E402
+from .records import EPOCHS_FILE, ITERATIONS_FILE, MEMBERSHIP_FILE, read_jsonl  # noqa: E402
 
 PHASES = ("data", "forward", "backward", "selection", "communication", "sync_other", "update")
 DENSE = ("none", "fp16")
@@ -47,6 +48,11 @@ class Run:
         self.config = json.loads((self.path / "run.json").read_text())
         self.iterations = read_jsonl(self.path / ITERATIONS_FILE)
         self.epochs = read_jsonl(self.path / EPOCHS_FILE)
+        # Elastic runs (python -m train --elastic): the iterations where the set of
+        # workers changed, drawn as vertical lines.
+        membership = self.path / MEMBERSHIP_FILE
+        starts = read_jsonl(membership) if membership.exists() else []
+        self.resets = [(m["iteration"], m["world_size"]) for m in starts[1:]]
         method = self.config["compressor"]
         self.dense = method in DENSE
         self.label = method if self.dense else f"{method} d={self.config['density']:g}"
@@ -71,6 +77,15 @@ def group(runs: list[Run]) -> list[Method]:
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     return [Method(label, members, colors[i % len(colors)])
             for i, (label, members) in enumerate(groups.items())]
+
+
+def _mark_resets(ax, run: Run, color) -> None:
+    """A dotted vertical line, labelled with the new world size, at each membership
+    change of an elastic run."""
+    for iteration, size in run.resets:
+        ax.axvline(iteration, color=color, ls=":", lw=1)
+        ax.annotate(f"n={size}", (iteration, 1.0), xycoords=("data", "axes fraction"),
+                    fontsize=7, color=color, ha="left", va="top")
 
 
 def _save(fig, path: Path) -> Path:
@@ -122,6 +137,7 @@ def density(methods: list[Method], out: Path) -> Path:
             ax.plot(x, y, color=m.color, lw=0.5, alpha=0.2)
             ax.plot(x[window - 1:], smooth, color=m.color, lw=1.5,
                     label=m.label if i == 0 else None)
+            _mark_resets(ax, run, m.color)
         target = m.runs[0].iterations[0]["target_density"] if m.runs[0].iterations else None
         if target is not None:
             ax.axhline(target, color=m.color, ls="--", lw=1)
@@ -154,6 +170,8 @@ def threshold_residual(methods: list[Method], out: Path) -> Path:
                       if r.get("residual_norm") is not None and r.get("grad_norm")]
             if scaled:
                 bottom.plot(*zip(*scaled), color=m.color, label=label, lw=0.8)
+                _mark_resets(top, run, m.color)
+                _mark_resets(bottom, run, m.color)
                 drawn = True
     top.set(ylabel="threshold", yscale="log", title="Threshold and scaled residual norm")
     bottom.set(xlabel="iteration", ylabel="||residual|| / ||gradient||", yscale="log")

@@ -22,6 +22,8 @@ MAX_FIELDS = TIME_FIELDS + ("bytes_sent", "bytes_received")
 MEAN_FIELDS = ("loss", "residual_norm", "grad_norm")
 ITERATIONS_FILE = "iterations.jsonl"
 EPOCHS_FILE = "epochs.jsonl"
+#: ``python -m train --elastic`` only: one record per (re)start of the worker set.
+MEMBERSHIP_FILE = "membership.jsonl"
 
 
 class EpochBuffer:

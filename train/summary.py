@@ -94,7 +94,8 @@ def format_summary(s: dict, figures: str | None = None) -> str:
     lines.append(f"wall time       : {s['train_time']:.1f} s training, {s['elapsed']:.1f} s "
                  "with evaluation and checkpoints")
     lines.append(f"records         : {', '.join(s['records'])}")
-    lines.append(f"checkpoint      : {s['checkpoint']} (continue with --resume)")
+    if Path(s["checkpoint"]).exists():  # none under --elastic
+        lines.append(f"checkpoint      : {s['checkpoint']} (continue with --resume)")
     lines.append(f"figures         : {figures}" if figures else
                  f"figures         : python -m train.plot {s['out']} --out {s['out']}/figures")
     return "\n".join(lines)

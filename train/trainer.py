@@ -92,7 +92,8 @@ def setup(args: argparse.Namespace, cifar_classes: dict | None = None) -> Contex
                           args.synthetic_size, cifar_classes)
     torch.manual_seed(args.seed)  # identical initial weights on every rank
     model = build_model(args.model, data.num_classes).to(device)
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    if not getattr(args, "elastic", False):  # elastic: TorchState's sync broadcasts
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     # From here on each rank draws its own augmentation randomness.
     torch.manual_seed(args.seed + 1 + hvd.rank())
     peak = peak_lr(args.lr, args.batch_size, hvd.size(), not args.no_lr_scaling)
@@ -118,8 +119,8 @@ def _local_grad_norm(model: torch.nn.Module) -> float:
 def train_epoch(ctx: Context, epoch: int, iteration: int, progress: Progress
                 ) -> tuple[list[dict], float]:
     """One epoch; returns this rank's per-iteration rows and the loop's wall time."""
-    args, model, opt = ctx.args, ctx.model, ctx.optimizer
-    model.train()
+    args = ctx.args
+    ctx.model.train()
     ctx.sampler.set_epoch(epoch)
     steps = len(ctx.train_loader)
     if args.max_iters_per_epoch:
@@ -127,54 +128,11 @@ def train_epoch(ctx: Context, epoch: int, iteration: int, progress: Progress
     rows, start = [], time.perf_counter()
     batches = iter(ctx.train_loader)
     for step in range(steps):
-        t0 = time.perf_counter()
-        x, y = next(batches)
-        x, y = x.to(ctx.device, non_blocking=True), y.to(ctx.device, non_blocking=True)
-        lr = lr_at(epoch + step / steps, ctx.peak_lr, hvd.size(), args.warmup_epochs,
-                   args.lr_decay_epochs, args.lr_decay_factor)
-        for group in opt.param_groups:
-            group["lr"] = lr
-        ctx.sync()
-        t1 = time.perf_counter()
-        loss = F.cross_entropy(model(x), y)
-        ctx.sync()
-        t2 = time.perf_counter()
-        loss.backward()
-        ctx.sync()
-        t3 = time.perf_counter()
-        # Untimed: the local gradient's norm scales the residual norm in the figures (dense
-        # gradients are being reduced in place by then, so only sparse methods have it).
-        grad_norm = _local_grad_norm(model) if ctx.sparse else None
-        t3b = time.perf_counter()
-        opt.synchronize()
-        ctx.sync()
-        t4 = time.perf_counter()
-        with opt.skip_synchronize():
-            opt.step()
-        ctx.sync()
-        t5 = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        stats = opt.last_stats or _no_exchange(ctx, iteration)
-        exchange = t4 - t3b
-        row = {
-            "epoch": epoch, "iteration": iteration, "step": step, "lr": lr,
-            "loss": float(loss.detach()), "data": t1 - t0, "forward": t2 - t1,
-            "backward": t3 - t2, "selection": stats.select_time,
-            "communication": stats.comm_time,
-            "sync_other": max(exchange - stats.select_time - stats.comm_time, 0.0),
-            "update": t5 - t4, "total": (t3 - t0) + (t5 - t3b),
-            "method": stats.method, "density": stats.density,
-            "target_density": stats.target_density, "threshold": stats.threshold,
-            "global_count": stats.global_count, "target_count": stats.target_count,
-            "rank_counts": stats.rank_counts, "load_imbalance": stats.load_imbalance,
-            "bytes_sent": stats.bytes_sent, "bytes_received": stats.bytes_received,
-            "residual_norm": stats.residual_norm if ctx.sparse else None,
-            "grad_norm": grad_norm, "nonfinite": stats.nonfinite, "numel": stats.numel,
-        }
+        row = train_step(ctx, batches, epoch, step, steps, iteration, ctx.peak_lr)
         rows.append(row)
         iteration += 1
         if hvd.rank() == 0:
-            progress.update(epoch, step, steps, row["loss"], stats.density)
+            progress.update(epoch, step, steps, row["loss"], row["density"])
     return rows, time.perf_counter() - start
 
 
@@ -185,6 +143,56 @@ def _no_exchange(ctx: Context, iteration: int) -> StepStats:
     return StepStats(iteration=iteration, method=ctx.args.compressor, numel=numel,
                      target_count=numel, threshold=None, rank_counts=[numel],
                      global_count=numel, density=1.0)
+
+
+def train_step(ctx: Context, batches, epoch: int, step: int, steps: int, iteration: int,
+               peak: float) -> dict:
+    """One timed iteration on the next batch of ``batches``; returns its row."""
+    args, model, opt = ctx.args, ctx.model, ctx.optimizer
+    t0 = time.perf_counter()
+    x, y = next(batches)
+    x, y = x.to(ctx.device, non_blocking=True), y.to(ctx.device, non_blocking=True)
+    lr = lr_at(epoch + step / steps, peak, hvd.size(), args.warmup_epochs,
+               args.lr_decay_epochs, args.lr_decay_factor)
+    for group in opt.param_groups:
+        group["lr"] = lr
+    ctx.sync()
+    t1 = time.perf_counter()
+    loss = F.cross_entropy(model(x), y)
+    ctx.sync()
+    t2 = time.perf_counter()
+    loss.backward()
+    ctx.sync()
+    t3 = time.perf_counter()
+    # Untimed: the local gradient's norm scales the residual norm in the figures (dense
+    # gradients are being reduced in place by then, so only sparse methods have it).
+    grad_norm = _local_grad_norm(model) if ctx.sparse else None
+    t3b = time.perf_counter()
+    opt.synchronize()
+    ctx.sync()
+    t4 = time.perf_counter()
+    with opt.skip_synchronize():
+        opt.step()
+    ctx.sync()
+    t5 = time.perf_counter()
+    opt.zero_grad(set_to_none=True)
+    stats = opt.last_stats or _no_exchange(ctx, iteration)
+    exchange = t4 - t3b
+    return {
+        "epoch": epoch, "iteration": iteration, "step": step, "lr": lr,
+        "loss": float(loss.detach()), "data": t1 - t0, "forward": t2 - t1,
+        "backward": t3 - t2, "selection": stats.select_time,
+        "communication": stats.comm_time,
+        "sync_other": max(exchange - stats.select_time - stats.comm_time, 0.0),
+        "update": t5 - t4, "total": (t3 - t0) + (t5 - t3b),
+        "method": stats.method, "density": stats.density,
+        "target_density": stats.target_density, "threshold": stats.threshold,
+        "global_count": stats.global_count, "target_count": stats.target_count,
+        "rank_counts": stats.rank_counts, "load_imbalance": stats.load_imbalance,
+        "bytes_sent": stats.bytes_sent, "bytes_received": stats.bytes_received,
+        "residual_norm": stats.residual_norm if ctx.sparse else None,
+        "grad_norm": grad_norm, "nonfinite": stats.nonfinite, "numel": stats.numel,
+    }
 
 
 @torch.no_grad()
@@ -291,7 +299,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     hvd.init()
     try:
-        summary = run(args)
+        if args.elastic:
+            from .elastic import run_elastic
+            summary = run_elastic(args)
+        else:
+            summary = run(args)
     except TrainError as error:  # raised alike on every rank: report once, no traceback
         if hvd.rank() == 0:
             print(f"python -m train: error: {error}", file=sys.stderr, flush=True)

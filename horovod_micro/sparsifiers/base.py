@@ -155,6 +155,13 @@ class Sparsifier:
         self.numel = numel
         self.comm = comm
 
+    def rebind(self, size: int) -> None:
+        """The process set now has ``size`` ranks (an elastic reset): re-derive whatever
+        was sized for the old number of ranks. Called on every rank alike, before the
+        set's first rank's state is adopted. Default: nothing (the baselines read
+        ``comm.size`` at every step)."""
+        del size
+
     @property
     def target_count(self) -> int:
         """``k = floor(density * N)``."""

@@ -106,6 +106,16 @@ class MicroCompressor(Sparsifier):
         # without a regrown buffer and a redone pass: an allocation, never written whole.
         self._selector = ThresholdSelector(capacity=4 * k // comm.size + 64)
 
+    def rebind(self, size: int) -> None:
+        """Partition and ownership for ``size`` ranks: ``size`` new parts, and the per-part
+        controller's multipliers mapped onto them by overlap
+        (:meth:`~horovod_micro.part_controller.PartController.remap`); the shared-threshold
+        controllers keep their one threshold (``k`` does not depend on the ranks)."""
+        self.bounds = part_bounds(self.numel, size)
+        if isinstance(self.controller, PartController):
+            self.controller.remap([e - s for s, e in self.bounds])
+        self._selector = ThresholdSelector(capacity=4 * self.target_count // size + 64)
+
     def threshold(self) -> float:
         """The threshold of this rank's last selection (before the first: the shared one,
         or for the scale-free controllers None)."""
