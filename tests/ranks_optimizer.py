@@ -376,8 +376,12 @@ def tied_parameters(sparse):
     for t in range(3):
         xb = x[10 * hvd.rank() + t: 10 * hvd.rank() + t + 8]
         opt.zero_grad()
-        model(xb).pow(2).mean().backward()
-        local = model.tied.weight.grad.clone()
+        loss = model(xb).pow(2).mean()
+        # This rank's own gradient, taken before backward: on the dense path Horovod's hook
+        # reduces .grad in place while backward still runs, so a copy of .grad made after
+        # backward may already hold part of the average. autograd.grad runs no hook.
+        (local,) = torch.autograd.grad(loss, model.tied.weight, retain_graph=True)
+        loss.backward()
         opt.step()
         mean = hvd.allreduce(local, name=f"tied.mean.{t}")
         out.append(float((model.tied.weight.grad - mean).abs().max()))
