@@ -71,10 +71,13 @@ for key in index-url find-links trusted-host default-timeout no-index; do
     BUILD_ARGS+=(--build-arg "$var=$value")
     case "$key" in index-url|find-links) mount_locations "$value" ;; esac
 done
-# The CPU stage puts its torch index into PIP_EXTRA_INDEX_URL: pip's extra indexes here.
+# The CPU stage puts its torch index into PIP_EXTRA_INDEX_URL: pip's extra indexes here,
+# when it has any (else the Dockerfile's default, PyTorch's CPU wheel index).
 EXTRA_INDEX="$(pip_setting extra-index-url)"
-BUILD_ARGS+=(--build-arg "TORCH_CPU_INDEX=$EXTRA_INDEX")
-mount_locations "$EXTRA_INDEX"
+if [ -n "$EXTRA_INDEX" ]; then
+    BUILD_ARGS+=(--build-arg "TORCH_CPU_INDEX=$EXTRA_INDEX")
+    mount_locations "$EXTRA_INDEX"
+fi
 # pip's CA bundle (PyPI is reached through a TLS proxy whose CA only the host trusts).
 CERT="$(pip_setting cert)"
 CERT="${CERT:-${REQUESTS_CA_BUNDLE:-}}"
