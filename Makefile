@@ -6,7 +6,7 @@ HOROVODRUN := $(VENV)/bin/horovodrun
 NP ?= 2
 OUT ?= runs/default
 
-.PHONY: setup run test lint bench-select
+.PHONY: setup run test lint bench-select image image-test
 
 setup:
 	@bash tools/setup.sh
@@ -20,3 +20,12 @@ test: setup
 
 lint: setup
 	$(VENV)/bin/ruff check horovod_micro train tests bench
+
+# The CPU container image (docker/README.md): docker build when a Docker engine answers,
+# else buildah with a local Debian base; image-test rebuilds (cached layers) and runs
+# --check-build and 2-rank MiCRO training on Gloo and MPI inside it.
+image:
+	@bash docker/build-image.sh
+
+image-test: image
+	@bash docker/test-image.sh
