@@ -277,10 +277,22 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         finally:
             # Also after a collective error, so that the next zero_grad() and backward
             # start clean on every rank.
-            self._handles.clear()
-            for p in self._passes:
-                self._passes[p] = 0
+            self._forget_pending_exchange()
         self._synchronized = True
+
+    def _forget_pending_exchange(self) -> None:
+        """Drop the handles of gradients already sent and zero the backward-pass counts."""
+        self._handles.clear()
+        for p in self._passes:
+            self._passes[p] = 0
+
+    def _load_wrapped_state(self, state: dict) -> None:
+        """Load the wrapped optimizer's ``state``, forgetting any exchange in flight; the
+        next step synchronizes again (``load_state_dict`` and the elastic restore)."""
+        self._forget_pending_exchange()
+        self._synchronized = False
+        self._should_synchronize = True
+        super(self.__class__, self).load_state_dict(state)
 
     def _parameter_change(self) -> str | None:
         """How ``param_groups`` differ from wrapping time (:mod:`.consistency`)."""
@@ -354,12 +366,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         from the same iteration). Gradients are dropped, since a half-done step's ``.grad``
         must not be added to by the next backward; the next rebind adapts the state to the
         new set size."""
-        self._handles.clear()
-        for p in self._passes:
-            self._passes[p] = 0
-        self._synchronized = False
-        self._should_synchronize = True
-        super(self.__class__, self).load_state_dict(copy.deepcopy(snapshot["optimizer"]))
+        self._load_wrapped_state(copy.deepcopy(snapshot["optimizer"]))
         for p in self._layout.params:
             p.grad = None
         sparse = snapshot.get("sparse")
@@ -496,12 +503,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def load_state_dict(self, state_dict: dict) -> None:
         state_dict = dict(state_dict)
         sparse_state = state_dict.pop(_STATE_KEY, None)
-        self._handles.clear()
-        for p in self._passes:
-            self._passes[p] = 0
-        self._synchronized = False
-        self._should_synchronize = True
-        super(self.__class__, self).load_state_dict(state_dict)
+        self._load_wrapped_state(state_dict)
         if self._reducer is not None and sparse_state is not None:
             self._reducer.load_state_dict(sparse_state)
             self._loss_scale = sparse_state.get("loss_scale", 1.0)

@@ -93,28 +93,34 @@ class MicroCompressor(Sparsifier):
 
     def bind(self, numel, comm) -> None:
         super().bind(numel, comm)
-        self.bounds = part_bounds(numel, comm.size)
+        self._partition(comm.size)
         k, start = self.target_count, self.initial_threshold or 0.0
         if self.controller_name == "paper":
             self.controller = PaperController(k, threshold=start)
         elif self.controller_name == "newton":
             self.controller = DensityController(k, threshold=start)
         else:
-            self.controller = PartController(k, [e - s for s, e in self.bounds], self.density,
+            self.controller = PartController(k, self._part_sizes(), self.density,
                                              correct=self.controller_name == "bounded")
-        # Room for the bounded controller's usual overshoot (its base aims a little low)
-        # without a regrown buffer and a redone pass: an allocation, never written whole.
-        self._selector = ThresholdSelector(capacity=4 * k // comm.size + 64)
 
     def rebind(self, size: int) -> None:
         """Partition and ownership for ``size`` ranks: ``size`` new parts, and the per-part
         controller's multipliers mapped onto them by overlap
         (:meth:`~horovod_micro.part_controller.PartController.remap`); the shared-threshold
         controllers keep their one threshold (``k`` does not depend on the ranks)."""
-        self.bounds = part_bounds(self.numel, size)
+        self._partition(size)
         if isinstance(self.controller, PartController):
-            self.controller.remap([e - s for s, e in self.bounds])
+            self.controller.remap(self._part_sizes())
+
+    def _partition(self, size: int) -> None:
+        """The ``size`` parts, and a selector sized for one part's share of ``k``: room for
+        the bounded controller's usual overshoot (its base aims a little low) without a
+        regrown buffer and a redone pass (an allocation, never written whole)."""
+        self.bounds = part_bounds(self.numel, size)
         self._selector = ThresholdSelector(capacity=4 * self.target_count // size + 64)
+
+    def _part_sizes(self) -> list[int]:
+        return [end - start for start, end in self.bounds]
 
     def threshold(self) -> float:
         """The threshold of this rank's last selection (before the first: the shared one,
