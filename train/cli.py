@@ -103,6 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=42)
     g.add_argument("--max-iters-per-epoch", type=int, default=None,
                    help="cut every epoch short (tiny runs, throughput)")
+    g.add_argument("--eval-every", type=int, default=None, metavar="N",
+                   help="also evaluate on the test set every N iterations (evals.jsonl: "
+                        "accuracy against training time, evaluations not counted)")
 
     g = p.add_argument_group("elastic (run under horovodrun --min-np/--max-np "
                              "--host-discovery-script)")
@@ -136,11 +139,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.elastic and args.resume:
         parser.error("--resume cannot be combined with --elastic (a checkpoint holds one "
                      "residual per rank of a fixed world size)")
-    for flag in ("download", "tensorboard"):
+    for flag in ("download", "tensorboard", "eval_every"):
         if args.elastic and getattr(args, flag):
-            parser.error(f"--{flag} cannot be combined with --elastic (train/README.md, "
-                         "elastic training)")
-    for name in ("epochs", "batch_size", "test_batch_size", "commit_every"):
-        if getattr(args, name) < 1:
+            parser.error(f"--{flag.replace('_', '-')} cannot be combined with --elastic "
+                         "(train/README.md, elastic training)")
+    for name in ("epochs", "batch_size", "test_batch_size", "commit_every", "eval_every"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
     return args

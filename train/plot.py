@@ -5,8 +5,10 @@ runs differ in them), and each method is one line in one colour throughout, so r
 several seeds read as one method with its spread:
 
 * ``accuracy_vs_time.png``: test accuracy against cumulative training wall time (slowest
-  rank; evaluation and checkpoints excluded), the mean over a method's runs epoch by epoch
-  with the runs' min-max band; ``--target`` draws the target accuracy;
+  rank; evaluation and checkpoints excluded), the mean over a method's runs evaluation by
+  evaluation (``evals.jsonl``: every ``--eval-every`` iterations and at each epoch's end;
+  the epochs of older runs without it) with the runs' min-max band; ``--target`` draws the
+  target accuracy;
 * ``density.png``: actual density per iteration (a moving mean over 1 % of the run, the
   raw trace faint behind it), each method's user-set density dashed; dense methods (density
   1) are left out; elastic runs get a dotted vertical line at each change of the set of
@@ -29,7 +31,13 @@ import numpy as np
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from .records import EPOCHS_FILE, ITERATIONS_FILE, MEMBERSHIP_FILE, read_jsonl  # noqa: E402
+from .records import (  # noqa: E402
+    EPOCHS_FILE,
+    EVALS_FILE,
+    ITERATIONS_FILE,
+    MEMBERSHIP_FILE,
+    read_jsonl,
+)
 
 PHASES = ("data", "forward", "backward", "selection", "communication", "sync_other", "update")
 DENSE = ("none", "fp16")
@@ -48,6 +56,9 @@ class Run:
         self.config = json.loads((self.path / "run.json").read_text())
         self.iterations = read_jsonl(self.path / ITERATIONS_FILE)
         self.epochs = read_jsonl(self.path / EPOCHS_FILE)
+        evals = self.path / EVALS_FILE
+        #: Test accuracy against training time (the epochs' rows for older runs).
+        self.evals = read_jsonl(evals) if evals.exists() else self.epochs
         # Elastic runs (python -m train --elastic): the iterations where the set of
         # workers changed, drawn as vertical lines.
         membership = self.path / MEMBERSHIP_FILE
@@ -106,11 +117,11 @@ def _smooth(values: list[float]) -> tuple[np.ndarray, int]:
 def accuracy_vs_time(methods: list[Method], out: Path, target: float | None = None) -> Path:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for m in methods:
-        epochs = min(len(r.epochs) for r in m.runs)
-        if epochs == 0:
+        points = min(len(r.evals) for r in m.runs)
+        if points == 0:
             continue
-        times = np.array([[r.epochs[e]["train_time"] for e in range(epochs)] for r in m.runs])
-        acc = 100 * np.array([[r.epochs[e]["test_accuracy"] for e in range(epochs)]
+        times = np.array([[r.evals[e]["train_time"] for e in range(points)] for r in m.runs])
+        acc = 100 * np.array([[r.evals[e]["test_accuracy"] for e in range(points)]
                               for r in m.runs])
         label = m.label if len(m.runs) == 1 else f"{m.label} (mean of {len(m.runs)})"
         ax.plot(times.mean(0), acc.mean(0), marker="o", ms=3, color=m.color, label=label)

@@ -22,6 +22,9 @@ MAX_FIELDS = TIME_FIELDS + ("bytes_sent", "bytes_received")
 MEAN_FIELDS = ("loss", "residual_norm", "grad_norm")
 ITERATIONS_FILE = "iterations.jsonl"
 EPOCHS_FILE = "epochs.jsonl"
+#: Test evaluations against training time: one per ``--eval-every`` iterations and one at
+#: the end of every epoch (accuracy-against-time curves, ``bench/time_to_accuracy.py``).
+EVALS_FILE = "evals.jsonl"
 #: ``python -m train --elastic`` only: one record per (re)start of the worker set.
 MEMBERSHIP_FILE = "membership.jsonl"
 
@@ -75,7 +78,7 @@ class RecordWriter:
         if not enabled:
             return
         out.mkdir(parents=True, exist_ok=True)
-        for name in (ITERATIONS_FILE, EPOCHS_FILE):
+        for name in (ITERATIONS_FILE, EPOCHS_FILE, EVALS_FILE):
             path = out / name
             if resume_epoch is None or not path.exists():
                 path.write_text("")
@@ -91,6 +94,9 @@ class RecordWriter:
 
     def epoch(self, row: dict) -> None:
         self._append(EPOCHS_FILE, [row])
+
+    def evaluation(self, row: dict) -> None:
+        self._append(EVALS_FILE, [row])
 
     def _append(self, name: str, rows: list[dict]) -> None:
         if self.enabled and rows:

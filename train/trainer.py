@@ -14,7 +14,9 @@ import inspect
 import json
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import horovod.torch as hvd
@@ -116,16 +118,22 @@ def _local_grad_norm(model: torch.nn.Module) -> float:
     return float(torch.stack(norms).norm()) if norms else 0.0
 
 
-def train_epoch(ctx: Context, epoch: int, iteration: int, progress: Progress
+def train_epoch(ctx: Context, epoch: int, iteration: int, progress: Progress,
+                on_eval: Callable[[int, float], None] | None = None
                 ) -> tuple[list[dict], float]:
-    """One epoch; returns this rank's per-iteration rows and the loop's wall time."""
+    """One epoch; returns this rank's per-iteration rows and the loop's wall time.
+
+    With ``--eval-every N``, ``on_eval(iteration, seconds)`` runs after every N-th
+    iteration but the epoch's last (``seconds``: this rank's training time so far in the
+    epoch); the time it takes is left out of the returned wall time.
+    """
     args = ctx.args
     ctx.model.train()
     ctx.sampler.set_epoch(epoch)
     steps = len(ctx.train_loader)
     if args.max_iters_per_epoch:
         steps = min(steps, args.max_iters_per_epoch)
-    rows, start = [], time.perf_counter()
+    rows, start, paused = [], time.perf_counter(), 0.0
     batches = iter(ctx.train_loader)
     for step in range(steps):
         row = train_step(ctx, batches, epoch, step, steps, iteration, ctx.peak_lr)
@@ -133,7 +141,25 @@ def train_epoch(ctx: Context, epoch: int, iteration: int, progress: Progress
         iteration += 1
         if hvd.rank() == 0:
             progress.update(epoch, step, steps, row["loss"], row["density"])
-    return rows, time.perf_counter() - start
+        every = getattr(args, "eval_every", None)
+        if on_eval is not None and every and iteration % every == 0 and step + 1 < steps:
+            pause = time.perf_counter()
+            on_eval(iteration, pause - start - paused)
+            ctx.model.train()
+            paused += time.perf_counter() - pause
+    return rows, time.perf_counter() - start - paused
+
+
+def _evaluate_mid_epoch(ctx: Context, writer: RecordWriter, epoch: int, train_time: float,
+                        iteration: int, seconds: float) -> None:
+    """An ``--eval-every`` evaluation: one ``evals.jsonl`` row, at the slowest rank's
+    training time (the runs's training time before this epoch plus ``seconds``)."""
+    began = time.perf_counter()
+    seconds = float(hvd.allreduce(torch.tensor(seconds), op=hvd.Max, name="train.eval_at"))
+    test_loss, accuracy = evaluate(ctx)
+    writer.evaluation({"epoch": epoch, "iteration": iteration,
+                       "train_time": train_time + seconds, "test_loss": test_loss,
+                       "test_accuracy": accuracy, "eval_time": time.perf_counter() - began})
 
 
 def _no_exchange(ctx: Context, iteration: int) -> StepStats:
@@ -246,7 +272,8 @@ def run(args: argparse.Namespace, cifar_classes: dict | None = None) -> dict:
     progress = Progress(args.progress, args.epochs)
     buffer = EpochBuffer()
     for epoch in range(start_epoch, args.epochs):
-        rows, seconds = train_epoch(ctx, epoch, iteration, progress)
+        on_eval = partial(_evaluate_mid_epoch, ctx, writer, epoch, train_time)
+        rows, seconds = train_epoch(ctx, epoch, iteration, progress, on_eval)
         iteration += len(rows)
         for row in rows:
             buffer.add(row)
@@ -266,6 +293,8 @@ def run(args: argparse.Namespace, cifar_classes: dict | None = None) -> dict:
         }
         writer.iterations(rows)
         writer.epoch(record)
+        writer.evaluation({"iteration": iteration, **{key: record[key] for key in (
+            "epoch", "train_time", "test_loss", "test_accuracy", "eval_time")}})
         _log_tensorboard(tensorboard, rows, record)
         if rank0:
             progress.end_epoch(f"epoch {epoch + 1}/{args.epochs}: train loss "

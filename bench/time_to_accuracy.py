@@ -1,0 +1,436 @@
+"""Time to accuracy of every method on an emulated cluster: the MiCRO paper's convergence
+experiment at small scale (communication-bound model, Fashion-MNIST, one rank per host).
+
+    python -m bench.time_to_accuracy --quick                   # about 10 minutes
+    python -m bench.time_to_accuracy --cells headline          # n=4 at 1 Gbit/s, every method
+    python -m bench.time_to_accuracy --cells scaling slow      # n=2/8 and 100 Mbit/s, reduced
+    python -m bench.time_to_accuracy --report-only             # tables and figures again
+
+Each cell is H hosts of ``bench/cluster.py`` (network namespaces, one veth per host with a
+tbf in both directions at the cell's rate, sshd in each), and each run is one
+``horovodrun -np H -H hvm1:1,...,hvmH:1 --gloo python -m train`` started in host hvm1,
+with the same seed and recipe for every method: ``wide_mlp`` (12.7M parameters, the
+communication-bound model), batch 32 per rank, SGD with Nesterov momentum, and a test
+evaluation every ``--eval-every`` iterations (not counted in the training time).
+
+Why a runner of ``python -m train`` rather than a loop of its own: the curves are then what
+a user of the training entrypoint gets, measured by the same per-phase timers.
+
+Runs are resumable: a run whose directory holds ``summary.json`` is not run again, so the
+matrix can be stopped and restarted across a session. The report (``report.md`` and
+``results.json`` in ``--out``, figures in ``--out``/figures) covers whatever runs exist:
+
+* time to the target accuracy (the training time of the first evaluation at or above it)
+  per method, with its ratio to dense (``none``) and to MiCRO at the same density;
+* final accuracy at equal epochs, as the mean and the min-max over seeds;
+* mean actual density and the 10th/90th percentiles of actual/target per iteration;
+* bytes sent per rank per iteration (slowest rank), and the time breakdown;
+* figures: accuracy against training time per method, the time breakdown, and the
+  iteration time against n (cells at the same rate).
+
+Caveat: the hosts share this machine's cores. With more ranks than cores every rank's
+compute runs slower than on a host of its own, so the larger cells drift toward the
+compute-bound regime (the report states ranks per core).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+DENSE = ("none", "fp16")
+SPARSE = ("micro", "topk", "cltk", "threshold", "randomk", "gtopk")
+
+
+@dataclass(frozen=True)
+class Cell:
+    """H hosts at one link rate."""
+
+    hosts: int
+    rate: str
+
+    @property
+    def name(self) -> str:
+        return f"n{self.hosts}-{self.rate}"
+
+
+@dataclass(frozen=True)
+class Job:
+    """One training run of one method in one cell."""
+
+    cell: Cell
+    method: str
+    density: float | None  # None for dense methods
+    seed: int
+
+    @property
+    def name(self) -> str:
+        d = "" if self.density is None else f"-d{self.density:g}"
+        return f"{self.method}{d}-s{self.seed}"
+
+    @property
+    def label(self) -> str:
+        return self.method if self.density is None else f"{self.method} d={self.density:g}"
+
+
+def jobs_for(cell: Cell, methods: list[str], densities: list[float], seeds: list[int]
+             ) -> list[Job]:
+    """Seed by seed (a stopped matrix then has whole seeds), dense first, then each
+    density's sparse methods in the order given."""
+    out = []
+    for seed in seeds:
+        out += [Job(cell, m, None, seed) for m in methods if m in DENSE]
+        for d in densities:
+            out += [Job(cell, m, d, seed) for m in methods if m not in DENSE]
+    return out
+
+
+def matrix(cells: list[str], args: argparse.Namespace) -> list[Job]:
+    """The jobs of the named cells (issue 10's matrix; ``--methods`` etc. override)."""
+    headline = Cell(4, "1gbit")
+    plan: list[Job] = []
+    for name in cells:
+        if name == "quick":
+            plan += jobs_for(headline, ["none", "micro", "topk"], [0.001], [1])
+        elif name == "headline":
+            plan += jobs_for(headline, args.methods or ["none", "micro", "topk", "randomk",
+                                                        "threshold", "cltk", "gtopk", "fp16"],
+                             args.densities or [0.001, 0.01], args.seeds or [1, 2])
+        elif name == "scaling":
+            for hosts in (2, 8):
+                plan += jobs_for(Cell(hosts, "1gbit"), args.methods or ["none", "micro", "topk"],
+                                 args.densities or [0.001], args.seeds or [1])
+        elif name == "slow":
+            plan += jobs_for(Cell(4, "100mbit"), args.methods or ["none", "micro", "topk"],
+                             args.densities or [0.001], args.seeds or [1])
+        else:
+            raise SystemExit(f"unknown cell {name!r} (quick, headline, scaling, slow)")
+    return plan
+
+
+def train_argv(job: Job, args: argparse.Namespace, out: Path) -> list[str]:
+    argv = [sys.executable, "-m", "train", "--dataset", "fashion-mnist", "--model", args.model,
+            "--compressor", job.method, "--seed", str(job.seed), "--epochs", str(args.epochs),
+            "--batch-size", str(args.batch_size), "--eval-every", str(args.eval_every),
+            "--out", str(out), "--no-plots", "--progress", "none"]
+    if job.density is not None:
+        argv += ["--density", str(job.density)]
+    if args.iters:
+        argv += ["--max-iters-per-epoch", str(args.iters)]
+    if args.data_dir:
+        argv += ["--data-dir", args.data_dir]
+    return argv
+
+
+def run_jobs(plan: list[Job], args: argparse.Namespace) -> None:
+    """Run every job of ``plan`` that has no summary yet, one cluster per cell."""
+    from bench.cluster import Cluster
+    from bench.launch import LaunchError, horovodrun
+
+    by_cell: dict[Cell, list[Job]] = {}
+    for job in plan:
+        by_cell.setdefault(job.cell, []).append(job)
+    for cell, jobs in by_cell.items():
+        todo = [j for j in jobs if not (run_dir(args.out, j) / "summary.json").exists()]
+        if not todo:
+            continue
+        with Cluster.up(cell.hosts, rate=cell.rate) as cluster:
+            for job in todo:
+                out = run_dir(args.out, job)
+                cmd = [horovodrun(), "-np", str(cell.hosts), "-H", cluster.slots(), "--gloo",
+                       *train_argv(job, args, out)]
+                began = time.time()
+                print(f"[{time.strftime('%H:%M:%S')}] {cell.name} {job.name} ...", flush=True)
+                try:
+                    cluster.run("hvm1", cmd, args.run_timeout, cwd=REPO)
+                except LaunchError as error:  # record it and go on with the matrix
+                    out.mkdir(parents=True, exist_ok=True)
+                    (out / "failed.txt").write_text(str(error))
+                    print(f"    FAILED: {str(error).splitlines()[0]}", flush=True)
+                    continue
+                print(f"    done in {time.time() - began:.0f} s", flush=True)
+
+
+def run_dir(root: Path, job: Job) -> Path:
+    return Path(root) / job.cell.name / job.name
+
+
+# -- analysis ------------------------------------------------------------------------------
+def _read(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    pos = q * (len(ordered) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def time_to(evals: list[dict], target: float) -> float | None:
+    """Training time of the first evaluation at or above ``target`` (None: never)."""
+    return next((e["train_time"] for e in evals if e["test_accuracy"] >= target), None)
+
+
+PHASES = ("data", "forward", "backward", "selection", "communication", "sync_other", "update")
+
+
+def analyse_run(path: Path, targets: list[float]) -> dict:
+    config = json.loads((path / "run.json").read_text())
+    its = _read(path / "iterations.jsonl")
+    evals = _read(path / "evals.jsonl")
+    dense = config["compressor"] in DENSE
+    ratios = [] if dense else [r["density"] / r["target_density"] for r in its]
+    return {
+        "method": config["compressor"], "density": None if dense else config["density"],
+        "seed": config["seed"], "world_size": config["world_size"],
+        "iterations": len(its), "epochs": len(_read(path / "epochs.jsonl")),
+        "time_to": {f"{t:g}": time_to(evals, t) for t in targets},
+        "final_accuracy": evals[-1]["test_accuracy"] if evals else None,
+        "epoch_accuracy": [e["test_accuracy"] for e in _read(path / "epochs.jsonl")],
+        "best_accuracy": max((e["test_accuracy"] for e in evals), default=None),
+        "train_time": evals[-1]["train_time"] if evals else None,
+        "iteration_time_median": statistics.median(r["total"] for r in its),
+        "phases": {p: statistics.fmean(r[p] for r in its) for p in PHASES},
+        "bytes_sent": statistics.fmean(r["bytes_sent"] for r in its),
+        "mean_density": statistics.fmean(r["density"] for r in its),
+        "density_p10": _percentile(ratios, 0.1) if ratios else None,
+        "density_p90": _percentile(ratios, 0.9) if ratios else None,
+        "mean_density_ratio": statistics.fmean(ratios) if ratios else None,
+        "evals": [(e["train_time"], e["test_accuracy"]) for e in evals],
+    }
+
+
+def _spread(values: list[float | None]) -> dict:
+    got = [v for v in values if v is not None]
+    return {"mean": statistics.fmean(got) if got else None, "min": min(got, default=None),
+            "max": max(got, default=None), "runs": len(values), "reached": len(got)}
+
+
+def analyse(root: Path, targets: list[float]) -> dict:
+    """Every finished run under ``root``, grouped by cell and method (seeds together)."""
+    cells: dict[str, dict[str, list[dict]]] = {}
+    for summary in sorted(Path(root).glob("*/*/summary.json")):
+        run = analyse_run(summary.parent, targets)
+        label = run["method"] if run["density"] is None else f"{run['method']} d={run['density']:g}"
+        cells.setdefault(summary.parent.parent.name, {}).setdefault(label, []).append(run)
+    report: dict[str, dict] = {}
+    for cell, methods in cells.items():
+        rows = {}
+        # Accuracy at equal epochs: after the last epoch that every run of the cell has.
+        common = min(len(r["epoch_accuracy"]) for runs in methods.values() for r in runs)
+        for label, runs in methods.items():
+            rows[label] = {
+                "seeds": sorted(r["seed"] for r in runs),
+                "world_size": runs[0]["world_size"], "density": runs[0]["density"],
+                "method": runs[0]["method"],
+                "time_to": {t: _spread([r["time_to"][t] for r in runs])
+                            for t in runs[0]["time_to"]},
+                "final_accuracy": _spread([r["final_accuracy"] for r in runs]),
+                "equal_epochs": common,
+                "accuracy_at_equal_epochs": _spread([r["epoch_accuracy"][common - 1]
+                                                     for r in runs] if common else [None]),
+                "epochs": runs[0]["epochs"], "iterations": runs[0]["iterations"],
+                "iteration_time_median": statistics.fmean(r["iteration_time_median"]
+                                                          for r in runs),
+                "phases": {p: statistics.fmean(r["phases"][p] for r in runs) for p in PHASES},
+                "bytes_sent": statistics.fmean(r["bytes_sent"] for r in runs),
+                "mean_density": statistics.fmean(r["mean_density"] for r in runs),
+                "mean_density_ratio": _mean_or_none([r["mean_density_ratio"] for r in runs]),
+                "density_p10": _mean_or_none([r["density_p10"] for r in runs]),
+                "density_p90": _mean_or_none([r["density_p90"] for r in runs]),
+                "dirs": [],
+            }
+        report[cell] = rows
+    for summary in sorted(Path(root).glob("*/*/summary.json")):
+        cell = summary.parent.parent.name
+        run = json.loads((summary.parent / "run.json").read_text())
+        dense = run["compressor"] in DENSE
+        label = run["compressor"] if dense else f"{run['compressor']} d={run['density']:g}"
+        report[cell][label]["dirs"].append(str(summary.parent))
+    return report
+
+
+def _mean_or_none(values: list[float | None]) -> float | None:
+    got = [v for v in values if v is not None]
+    return statistics.fmean(got) if got else None
+
+
+def _fmt_time(spread: dict) -> str:
+    if spread["mean"] is None:
+        return "not reached"
+    text = f"{spread['mean']:.0f}"
+    if spread["runs"] > 1:
+        text += f" ({spread['min']:.0f}-{spread['max']:.0f})"
+    if spread["reached"] < spread["runs"]:
+        text += f", {spread['reached']}/{spread['runs']} seeds"
+    return text
+
+
+def _fmt_accuracy(spread: dict) -> str:
+    if spread["mean"] is None:
+        return "-"
+    text = f"{100 * spread['mean']:.2f}"
+    if spread["runs"] > 1:
+        text += f" ({100 * spread['min']:.2f}-{100 * spread['max']:.2f})"
+    return text
+
+
+def _ratio(a: dict, b: dict) -> str:
+    if a["mean"] is None or b["mean"] is None:
+        return "-"
+    return f"{a['mean'] / b['mean']:.2f}x"
+
+
+def markdown(report: dict, targets: list[float]) -> str:
+    lines = []
+    for cell, rows in report.items():
+        hosts = next(iter(rows.values()))["world_size"]
+        cores = os.cpu_count() or 1
+        lines += [f"### Cell {cell}: {hosts} ranks on {cores} cores "
+                  f"({hosts / cores:g} ranks per core)", ""]
+        for t in targets:
+            key = f"{t:g}"
+            dense = rows.get("none", {}).get("time_to", {}).get(key)
+            lines += [f"Time to {t:.0%} test accuracy (s of training, mean (min-max) over "
+                      "seeds):", "",
+                      "| method | seeds | time to target | dense / method | method / MiCRO |",
+                      "|---|---|---:|---:|---:|"]
+            for label, row in rows.items():
+                micro = _micro_row(rows, row)
+                spread = row["time_to"][key]
+                lines.append(
+                    f"| {label} | {','.join(map(str, row['seeds']))} | {_fmt_time(spread)} | "
+                    f"{_ratio(dense, spread) if dense else '-'} | "
+                    f"{_ratio(spread, micro['time_to'][key]) if micro else '-'} |")
+            lines.append("")
+        common = next(iter(rows.values()))["equal_epochs"]
+        lines += [f"| method | epochs | accuracy % after {common} epoch(s) (min-max) | "
+                  "final accuracy % | mean density (x target) | p10 / p90 actual/target | "
+                  "bytes sent per rank per iteration | ms per iteration (median) |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        for label, row in rows.items():
+            acc_text = _fmt_accuracy(row["accuracy_at_equal_epochs"])
+            final_text = _fmt_accuracy(row["final_accuracy"])
+            if row["density"] is None:
+                dens, spread = "1 (dense)", "-"
+            else:
+                dens = f"{row['mean_density']:.3g} ({row['mean_density_ratio']:.3f}x)"
+                spread = f"{row['density_p10']:.2f} / {row['density_p90']:.2f}"
+            lines.append(f"| {label} | {row['epochs']} | {acc_text} | {final_text} | {dens} | "
+                         f"{spread} | "
+                         f"{row['bytes_sent'] / 1e3:,.1f} KB | "
+                         f"{1000 * row['iteration_time_median']:.0f} |")
+        lines += ["", "Time breakdown (ms per iteration, mean; each phase the slowest rank's):",
+                  "", "| method | " + " | ".join(PHASES) + " |",
+                  "|---|" + "---:|" * len(PHASES)]
+        for label, row in rows.items():
+            lines.append(f"| {label} | " + " | ".join(f"{1000 * row['phases'][p]:.1f}"
+                                                       for p in PHASES) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _micro_row(rows: dict, row: dict) -> dict | None:
+    density = row["density"] if row["density"] is not None else 0.001
+    return rows.get(f"micro d={density:g}")
+
+
+def figures(report: dict, root: Path, target: float) -> list[Path]:
+    """Accuracy against time and the breakdown per cell; iteration time against n."""
+    import matplotlib.pyplot as plt
+
+    from train.plot import Run, accuracy_vs_time, group, time_breakdown
+
+    out = Path(root) / "figures"
+    made = []
+    for cell, rows in report.items():
+        dirs = [Path(d) for row in rows.values() for d in row["dirs"]]
+        methods = group([Run(d) for d in dirs])
+        cell_out = out / cell
+        cell_out.mkdir(parents=True, exist_ok=True)
+        made += [accuracy_vs_time(methods, cell_out, target), time_breakdown(methods, cell_out)]
+    by_rate: dict[str, dict[str, list[tuple[int, float]]]] = {}
+    for cell, rows in report.items():
+        rate = cell.split("-", 1)[1]
+        for label, row in rows.items():
+            by_rate.setdefault(rate, {}).setdefault(label, []).append(
+                (row["world_size"], 1000 * row["iteration_time_median"]))
+    for rate, methods in by_rate.items():
+        if max(len(points) for points in methods.values()) < 2:
+            continue
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for label, points in methods.items():
+            points.sort()
+            ax.plot(*zip(*points), marker="o", label=label)
+        ax.set(xlabel="ranks (one per emulated host)", ylabel="ms per iteration (median)",
+               yscale="log", title=f"Iteration time against n at {rate} per host")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        path = out / f"iteration_time_vs_n-{rate}.png"
+        out.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        made.append(path)
+    return made
+
+
+def write_report(root: Path, targets: list[float]) -> str:
+    report = analyse(root, targets)
+    (Path(root) / "results.json").write_text(json.dumps(report, indent=1))
+    text = markdown(report, targets)
+    (Path(root) / "report.md").write_text(text + "\n")
+    figures(report, root, targets[-1])
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.time_to_accuracy",
+                                description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true",
+                   help="n=4 at 1 Gbit/s, dense, MiCRO and Top-k at d=0.001, one seed, "
+                        "100 iterations (about 10 minutes)")
+    p.add_argument("--cells", nargs="*", default=None,
+                   help="headline (n=4, 1gbit, every method, seeds 1 2), scaling (n=2 and "
+                        "n=8), slow (n=4, 100mbit)")
+    p.add_argument("--methods", nargs="*", default=None)
+    p.add_argument("--densities", nargs="*", type=float, default=None)
+    p.add_argument("--seeds", nargs="*", type=int, default=None)
+    p.add_argument("--model", default="wide_mlp")
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--batch-size", type=int, default=32, help="per rank")
+    p.add_argument("--iters", type=int, default=None, help="iterations per epoch (cut short)")
+    p.add_argument("--eval-every", type=int, default=25, help="iterations between evaluations")
+    p.add_argument("--targets", nargs="*", type=float, default=[0.8, 0.85],
+                   help="target test accuracies; the last is drawn in the figures")
+    p.add_argument("--data-dir", default=None)
+    p.add_argument("--run-timeout", type=float, default=3600.0, help="seconds per run")
+    p.add_argument("--out", type=Path, default=REPO / "runs" / "time_to_accuracy")
+    p.add_argument("--report-only", action="store_true")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.cells = ["quick"]
+        args.iters = args.iters or 100
+        args.eval_every = min(args.eval_every, 20)
+        if args.out == p.get_default("out"):
+            args.out = REPO / "runs" / "time_to_accuracy_quick"
+    if not args.report_only:
+        plan = matrix(args.cells or ["headline"], args)
+        run_jobs(plan, args)
+    print(write_report(args.out, args.targets))
+    print(f"\nreport: {args.out / 'report.md'}; figures: {args.out / 'figures'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,109 @@
+"""``bench/time_to_accuracy.py`` end to end on a real emulated cluster (4 hosts, 1 Gbit/s).
+
+Dense and MiCRO each train a few iterations of a small MLP on Fashion-MNIST-shaped files
+written here, one rank per host through ``horovodrun -H`` (the benchmark's own launch
+path). Checked against what the test derives itself:
+
+* ``--eval-every``: evaluations after the expected iterations (mid-epoch and at each
+  epoch's end), at increasing training times that leave the evaluations out;
+* dense bytes per rank per iteration equal a ring allreduce of the model's fp32 bytes,
+  ``2 (n-1)/n * 4 * numel``, with numel counted here; MiCRO sends a small fraction of it;
+* time to target: reached at the first evaluation for target 0, never for a target above
+  100 %;
+* the report, the results and the figures are written, and the cluster leaves no
+  namespace or state behind.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_fashion_mnist import write_dataset
+
+from bench.cluster import clusters
+from bench.launch import run_bounded
+from train.models import build_model
+
+REPO = Path(__file__).resolve().parent.parent
+HOSTS = 4
+BATCH = 8
+TRAIN_SAMPLES = 96  # 3 iterations per epoch on 4 ranks of batch 8
+EVAL_EVERY = 2
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory):
+    base = tmp_path_factory.mktemp("tta")
+    write_dataset(base / "data", train=TRAIN_SAMPLES, test=40)
+    out = base / "out"
+    cmd = [sys.executable, "-m", "bench.time_to_accuracy", "--cells", "headline",
+           "--methods", "none", "micro", "--densities", "0.01", "--seeds", "1",
+           "--model", "fmnist_mlp", "--epochs", "2", "--batch-size", str(BATCH),
+           "--eval-every", str(EVAL_EVERY), "--data-dir", str(base / "data"),
+           "--targets", "0", "1.01", "--run-timeout", "300", "--out", str(out)]
+    before = set(clusters())
+    output = run_bounded(cmd, 900, cwd=REPO).stdout
+    return out, output, before
+
+
+def read(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize("run", ["none-s1", "micro-d0.01-s1"])
+def test_evaluations_come_every_n_iterations_and_leave_their_time_out(bench, run):
+    out, _, _ = bench
+    folder = out / f"n{HOSTS}-1gbit" / run
+    evals = read(folder / "evals.jsonl")
+    epochs = read(folder / "epochs.jsonl")
+    # 3 iterations per epoch: mid-epoch at 2 and 4, epoch ends at 3 and 6.
+    assert [e["iteration"] for e in evals] == [2, 3, 4, 6]
+    times = [e["train_time"] for e in evals]
+    assert all(a < b for a, b in zip(times, times[1:]))
+    assert times[1] == pytest.approx(epochs[0]["train_time"])
+    assert times[3] == pytest.approx(epochs[1]["train_time"])
+    assert [evals[1]["test_accuracy"], evals[3]["test_accuracy"]] == [
+        e["test_accuracy"] for e in epochs]
+    # The training time of epoch 2 left out its mid-epoch evaluation: it is at most the
+    # run's wall time minus every evaluation.
+    elapsed = epochs[-1]["elapsed"]
+    assert times[-1] <= elapsed - sum(e["eval_time"] for e in evals)
+
+
+def test_report_states_bytes_targets_and_figures(bench):
+    out, output, _ = bench
+    results = json.loads((out / "results.json").read_text())
+    cell = results[f"n{HOSTS}-1gbit"]
+    assert set(cell) == {"none", "micro d=0.01"}
+    numel = sum(p.numel() for p in build_model("fmnist_mlp", 10).parameters())
+    ring = 2 * (HOSTS - 1) / HOSTS * 4 * numel
+    assert cell["none"]["bytes_sent"] == pytest.approx(ring, rel=1e-6)
+    assert 0 < cell["micro d=0.01"]["bytes_sent"] < ring / 10
+    for row in cell.values():
+        first = read(Path(row["dirs"][0]) / "evals.jsonl")[0]["train_time"]
+        assert row["time_to"]["0"]["mean"] == pytest.approx(first)
+        assert row["time_to"]["1.01"]["mean"] is None
+        assert row["seeds"] == [1]
+        assert row["equal_epochs"] == 2
+    assert cell["micro d=0.01"]["mean_density_ratio"] == pytest.approx(1.0, abs=0.5)
+    report = (out / "report.md").read_text()
+    assert "| none | 1 |" in report and "| micro d=0.01 | 1 |" in report
+    assert "not reached" in report
+    figures = out / "figures" / f"n{HOSTS}-1gbit"
+    for name in ("accuracy_vs_time.png", "time_breakdown.png"):
+        assert (figures / name).stat().st_size > 1000
+    assert "report:" in output
+
+
+def test_the_cluster_is_gone(bench):
+    """Nothing of the benchmark's cluster is left (other clusters may be up meanwhile)."""
+    before = bench[2]
+    assert set(clusters()) <= before
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    names = {line.split()[0] for line in netns.splitlines() if line.strip()}
+    assert {n for n in names if n.startswith("hvmc-")} <= {
+        n for n in names if any(n.startswith(f"hvmc-{cid}-") for cid in before)}
