@@ -54,7 +54,8 @@ def test_every_recipe_value_can_be_overridden():
 
 
 @pytest.mark.parametrize("argv", [["--density", "0"], ["--density", "2"], ["--epochs", "0"],
-                                  ["--dataset", "imagenet"]])
+                                  ["--dataset", "imagenet"], ["--eval-every", "0"],
+                                  ["--elastic", "--eval-every", "5"]])
 def test_bad_values_are_refused(argv):
     with pytest.raises(SystemExit):
         parse_args(argv)
