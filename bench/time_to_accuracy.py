@@ -4,6 +4,7 @@ experiment at small scale (communication-bound model, Fashion-MNIST, one rank pe
     python -m bench.time_to_accuracy --quick                   # about 10 minutes
     python -m bench.time_to_accuracy --cells headline          # n=4 at 1 Gbit/s, every method
     python -m bench.time_to_accuracy --cells scaling slow      # n=2/8 and 100 Mbit/s, reduced
+    python -m bench.time_to_accuracy --hosts 2 --methods none micro   # one cell of your own
     python -m bench.time_to_accuracy --report-only             # tables and figures again
 
 Each cell is H hosts of ``bench/cluster.py`` (network namespaces, one veth per host with a
@@ -96,6 +97,9 @@ def matrix(cells: list[str], args: argparse.Namespace) -> list[Job]:
     """The jobs of the named cells (issue 10's matrix; ``--methods`` etc. override)."""
     headline = Cell(4, "1gbit")
     plan: list[Job] = []
+    if args.hosts:  # one cell of the caller's choosing
+        return jobs_for(Cell(args.hosts, args.rate), args.methods or ["none", "micro"],
+                        args.densities or [0.001], args.seeds or [1])
     for name in cells:
         if name == "quick":
             plan += jobs_for(headline, ["none", "micro", "topk"], [0.001], [1])
@@ -235,6 +239,7 @@ def analyse(root: Path, targets: list[float]) -> dict:
                 "time_to": {t: _spread([r["time_to"][t] for r in runs])
                             for t in runs[0]["time_to"]},
                 "final_accuracy": _spread([r["final_accuracy"] for r in runs]),
+                "finals": sorted((r["seed"], r["epochs"], r["final_accuracy"]) for r in runs),
                 "equal_epochs": common,
                 "accuracy_at_equal_epochs": _spread([r["epoch_accuracy"][common - 1]
                                                      for r in runs] if common else [None]),
@@ -313,23 +318,28 @@ def markdown(report: dict, targets: list[float]) -> str:
                     f"{_ratio(spread, micro['time_to'][key]) if micro else '-'} |")
             lines.append("")
         common = next(iter(rows.values()))["equal_epochs"]
-        lines += [f"| method | epochs | accuracy % after {common} epoch(s) (min-max) | "
-                  "final accuracy % | mean density (x target) | p10 / p90 actual/target | "
-                  "bytes sent per rank per iteration | ms per iteration (median) |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        lines += [f"| method | accuracy % after {common} epoch(s) (min-max) | final accuracy % "
+                  "per seed | mean density (x target) | p10 / p90 actual/target | bytes sent "
+                  "per rank per iteration | ms per iteration (median) |",
+                  "|---|---:|---:|---:|---:|---:|---:|"]
         for label, row in rows.items():
             acc_text = _fmt_accuracy(row["accuracy_at_equal_epochs"])
-            final_text = _fmt_accuracy(row["final_accuracy"])
+            final_text = ", ".join(f"{100 * acc:.2f} (seed {seed}, {epochs} ep)"
+                                   for seed, epochs, acc in row["finals"])
             if row["density"] is None:
                 dens, spread = "1 (dense)", "-"
             else:
                 dens = f"{row['mean_density']:.3g} ({row['mean_density_ratio']:.3f}x)"
                 spread = f"{row['density_p10']:.2f} / {row['density_p90']:.2f}"
-            lines.append(f"| {label} | {row['epochs']} | {acc_text} | {final_text} | {dens} | "
+            lines.append(f"| {label} | {acc_text} | {final_text} | {dens} | "
                          f"{spread} | "
                          f"{row['bytes_sent'] / 1e3:,.1f} KB | "
                          f"{1000 * row['iteration_time_median']:.0f} |")
-        lines += ["", "Time breakdown (ms per iteration, mean; each phase the slowest rank's):",
+        lines += ["", "Density: the coordinates applied per iteration (the union of the ranks' "
+                  "selections) over N; Top-k-family methods select k per rank, so their union "
+                  "is up to n times the target (gradient build-up), MiCRO's parts are disjoint. "
+                  "Bytes: the slowest rank's, per iteration.",
+                  "", "Time breakdown (ms per iteration, mean; each phase the slowest rank's):",
                   "", "| method | " + " | ".join(PHASES) + " |",
                   "|---|" + "---:|" * len(PHASES)]
         for label, row in rows.items():
@@ -403,6 +413,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cells", nargs="*", default=None,
                    help="headline (n=4, 1gbit, every method, seeds 1 2), scaling (n=2 and "
                         "n=8), slow (n=4, 100mbit)")
+    p.add_argument("--hosts", type=int, default=None,
+                   help="instead of --cells: one cell of this many hosts at --rate")
+    p.add_argument("--rate", default="1gbit", help="with --hosts: each host's link rate")
     p.add_argument("--methods", nargs="*", default=None)
     p.add_argument("--densities", nargs="*", type=float, default=None)
     p.add_argument("--seeds", nargs="*", type=int, default=None)
