@@ -137,3 +137,18 @@ def test_resume_reproduces_the_uninterrupted_run(runs, tmp_path):
     # The resumed run's records continue the first part's without a gap or a repeat.
     assert [r["iteration"] for r in read(split / "iterations.jsonl")] == list(range(92))
     assert [e["epoch"] for e in read(split / "epochs.jsonl")] == [0, 1, 2, 3]
+
+
+def test_a_diverging_run_still_records_its_epochs(tmp_path):
+    """A learning rate far too large: the loss turns non-finite (a NaN mean over ranks is
+    recorded as null), and the run still ends normally with its epoch records."""
+    out = tmp_path / "diverged"
+    output = train(out, "--compressor", "micro", "--lr", "1e6", "--epochs", "1",
+                   "--max-iters-per-epoch", "20", "--no-plots")
+    iterations = read(out / "iterations.jsonl")
+    assert any(row["loss"] is None for row in iterations)
+    (epoch,) = read(out / "epochs.jsonl")
+    assert epoch["train_loss"] is None
+    assert epoch["test_accuracy"] < 0.5
+    assert "train loss not finite" in output
+    assert json.loads((out / "summary.json").read_text())["iterations"] == 20

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -284,7 +285,7 @@ def run(args: argparse.Namespace, cifar_classes: dict | None = None) -> dict:
         test_loss, accuracy = evaluate(ctx)
         record = {
             "epoch": epoch, "iterations": iteration,
-            "train_loss": sum(r["loss"] for r in rows) / max(len(rows), 1),
+            "train_loss": _mean_loss(rows),
             "test_loss": test_loss, "test_accuracy": accuracy, "epoch_time": seconds,
             "train_time": train_time, "eval_time": time.perf_counter() - eval_start,
             "elapsed": elapsed0 + time.perf_counter() - started,
@@ -297,9 +298,10 @@ def run(args: argparse.Namespace, cifar_classes: dict | None = None) -> dict:
             "epoch", "train_time", "test_loss", "test_accuracy", "eval_time")}})
         _log_tensorboard(tensorboard, rows, record)
         if rank0:
+            loss = record["train_loss"]
             progress.end_epoch(f"epoch {epoch + 1}/{args.epochs}: train loss "
-                               f"{record['train_loss']:.4f}, test accuracy {accuracy:.2%}, "
-                               f"{seconds:.1f} s")
+                               f"{'not finite' if loss is None else f'{loss:.4f}'}, "
+                               f"test accuracy {accuracy:.2%}, {seconds:.1f} s")
         checkpoint.save(out / CHECKPOINT, ctx.model, ctx.optimizer, {
             "epoch": epoch + 1, "iteration": iteration, "train_time": train_time,
             "elapsed": record["elapsed"], "args": vars(args)})
@@ -308,6 +310,15 @@ def run(args: argparse.Namespace, cifar_classes: dict | None = None) -> dict:
     provenance.write_rank_record(out, ctx.model)
     summary = summarize(out) if rank0 else {}
     return hvd.broadcast_object(summary, root_rank=0, name="train.summary")
+
+
+def _mean_loss(rows: list[dict]) -> float | None:
+    """The epoch's mean training loss; None once the loss is not finite (a diverged run:
+    its rows hold None for a NaN mean over ranks) or when the epoch had no iteration."""
+    losses = [r["loss"] for r in rows]
+    if not losses or any(loss is None or not math.isfinite(loss) for loss in losses):
+        return None
+    return sum(losses) / len(losses)
 
 
 def _log_tensorboard(tb, rows: list[dict], record: dict) -> None:
@@ -319,7 +330,8 @@ def _log_tensorboard(tb, rows: list[dict], record: dict) -> None:
             if row.get(key) is not None:
                 tb.add_scalar(f"iteration/{key}", row[key], row["iteration"])
     for key in ("train_loss", "test_loss", "test_accuracy", "epoch_time", "mean_density"):
-        tb.add_scalar(f"epoch/{key}", record[key], record["epoch"])
+        if record[key] is not None:
+            tb.add_scalar(f"epoch/{key}", record[key], record["epoch"])
     tb.add_scalar("epoch/bytes_sent", sum(r["bytes_sent"] for r in rows), record["epoch"])
     tb.add_scalar("wall/test_accuracy", record["test_accuracy"], int(record["train_time"]))
 
