@@ -297,7 +297,9 @@ def _fmt_accuracy(spread: dict) -> str:
 
 
 def _ratio(a: dict, b: dict) -> str:
-    if a["mean"] is None or b["mean"] is None:
+    """``a / b`` of two times' means, only when every seed of both reached the target (a
+    mean over the seeds that did would favour the method that reached it less often)."""
+    if any(x["mean"] is None or x["reached"] < x["runs"] for x in (a, b)):
         return "-"
     return f"{a['mean'] / b['mean']:.2f}x"
 
