@@ -392,7 +392,9 @@ def figures(report: dict, root: Path, target: float) -> list[Path]:
         for label, points in methods.items():
             points.sort()
             ax.plot(*zip(*points), marker="o", label=label)
-        ax.set(xlabel="ranks (one per emulated host)", ylabel="ms per iteration (median)",
+        cores = os.cpu_count() or 1
+        ax.set(xlabel=f"ranks (one per emulated host; this machine has {cores} cores, so "
+                      f"n > {cores} shares them)", ylabel="ms per iteration (median)",
                yscale="log", title=f"Iteration time against n at {rate} per host")
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=8)
