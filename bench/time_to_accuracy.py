@@ -276,23 +276,16 @@ def _mean_or_none(values: list[float | None]) -> float | None:
     return statistics.fmean(got) if got else None
 
 
-def _fmt_time(spread: dict) -> str:
+def _fmt_spread(spread: dict, scale: float = 1.0, digits: int = 0,
+                missing: str = "not reached") -> str:
+    """``mean (min-max)`` over seeds, and how many seeds got a value when not all did."""
     if spread["mean"] is None:
-        return "not reached"
-    text = f"{spread['mean']:.0f}"
+        return missing
+    text = f"{scale * spread['mean']:.{digits}f}"
     if spread["runs"] > 1:
-        text += f" ({spread['min']:.0f}-{spread['max']:.0f})"
+        text += f" ({scale * spread['min']:.{digits}f}-{scale * spread['max']:.{digits}f})"
     if spread["reached"] < spread["runs"]:
         text += f", {spread['reached']}/{spread['runs']} seeds"
-    return text
-
-
-def _fmt_accuracy(spread: dict) -> str:
-    if spread["mean"] is None:
-        return "-"
-    text = f"{100 * spread['mean']:.2f}"
-    if spread["runs"] > 1:
-        text += f" ({100 * spread['min']:.2f}-{100 * spread['max']:.2f})"
     return text
 
 
@@ -322,10 +315,10 @@ def markdown(report: dict, targets: list[float]) -> str:
                 micro = _micro_row(rows, row)
                 spread = row["time_to"][key]
                 lines.append(
-                    f"| {label} | {','.join(map(str, row['seeds']))} | {_fmt_time(spread)} | "
+                    f"| {label} | {','.join(map(str, row['seeds']))} | {_fmt_spread(spread)} | "
                     f"{_ratio(dense, spread) if dense else '-'} | "
                     f"{_ratio(spread, micro['time_to'][key]) if micro else '-'} | "
-                    f"{_fmt_time(row['iterations_to'][key])} |")
+                    f"{_fmt_spread(row['iterations_to'][key])} |")
             lines.append("")
         common = next(iter(rows.values()))["equal_epochs"]
         lines += [f"| method | accuracy % after {common} epoch(s) (min-max) | final accuracy % "
@@ -333,7 +326,7 @@ def markdown(report: dict, targets: list[float]) -> str:
                   "per rank per iteration | ms per iteration (median / mean) |",
                   "|---|---:|---:|---:|---:|---:|---:|"]
         for label, row in rows.items():
-            acc_text = _fmt_accuracy(row["accuracy_at_equal_epochs"])
+            acc_text = _fmt_spread(row["accuracy_at_equal_epochs"], 100, 2, "-")
             final_text = ", ".join(f"{100 * acc:.2f} (seed {seed}, {epochs} ep)"
                                    for seed, epochs, acc in row["finals"])
             if row["density"] is None:
