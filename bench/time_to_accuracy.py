@@ -45,9 +45,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.density_spread import quantile
+from train.records import EPOCHS_FILE, EVALS_FILE, ITERATIONS_FILE, TIME_FIELDS, read_jsonl
+
 REPO = Path(__file__).resolve().parents[1]
 DENSE = ("none", "fp16")
-SPARSE = ("micro", "topk", "cltk", "threshold", "randomk", "gtopk")
+PHASES = tuple(f for f in TIME_FIELDS if f != "total")
 
 
 @dataclass(frozen=True)
@@ -75,10 +78,6 @@ class Job:
     def name(self) -> str:
         d = "" if self.density is None else f"-d{self.density:g}"
         return f"{self.method}{d}-s{self.seed}"
-
-    @property
-    def label(self) -> str:
-        return self.method if self.density is None else f"{self.method} d={self.density:g}"
 
 
 def jobs_for(cell: Cell, methods: list[str], densities: list[float], seeds: list[int]
@@ -167,54 +166,44 @@ def run_dir(root: Path, job: Job) -> Path:
 
 
 # -- analysis ------------------------------------------------------------------------------
-def _read(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    pos = q * (len(ordered) - 1)
-    lo = int(pos)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
-
-
 def time_to(evals: list[dict], target: float, key: str = "train_time") -> float | None:
     """Training time (or ``key``) of the first evaluation at or above ``target`` (None:
     never)."""
     return next((e[key] for e in evals if e["test_accuracy"] >= target), None)
 
 
-PHASES = ("data", "forward", "backward", "selection", "communication", "sync_other", "update")
-
-
 def analyse_run(path: Path, targets: list[float]) -> dict:
     config = json.loads((path / "run.json").read_text())
-    its = _read(path / "iterations.jsonl")
-    evals = _read(path / "evals.jsonl")
+    its = read_jsonl(path / ITERATIONS_FILE)
+    evals = read_jsonl(path / EVALS_FILE)
+    epochs = read_jsonl(path / EPOCHS_FILE)
     dense = config["compressor"] in DENSE
-    ratios = [] if dense else [r["density"] / r["target_density"] for r in its]
+    ratios = [] if dense else sorted(r["density"] / r["target_density"] for r in its)
+    density = None if dense else config["density"]
     return {
-        "method": config["compressor"], "density": None if dense else config["density"],
+        "dir": str(path), "label": _label(config["compressor"], density),
+        "method": config["compressor"], "density": density,
         "seed": config["seed"], "world_size": config["world_size"],
-        "iterations": len(its), "epochs": len(_read(path / "epochs.jsonl")),
+        "iterations": len(its), "epochs": len(epochs),
         "time_to": {f"{t:g}": time_to(evals, t) for t in targets},
         "iterations_to": {f"{t:g}": time_to(evals, t, "iteration") for t in targets},
         "final_accuracy": evals[-1]["test_accuracy"] if evals else None,
-        "epoch_accuracy": [e["test_accuracy"] for e in _read(path / "epochs.jsonl")],
-        "best_accuracy": max((e["test_accuracy"] for e in evals), default=None),
-        "train_time": evals[-1]["train_time"] if evals else None,
+        "epoch_accuracy": [e["test_accuracy"] for e in epochs],
         "iteration_time_median": statistics.median(r["total"] for r in its),
         # What the time to accuracy follows: the training time over the iterations.
         "iteration_time_mean": evals[-1]["train_time"] / len(its) if evals and its else None,
         "phases": {p: statistics.fmean(r[p] for r in its) for p in PHASES},
         "bytes_sent": statistics.fmean(r["bytes_sent"] for r in its),
         "mean_density": statistics.fmean(r["density"] for r in its),
-        "density_p10": _percentile(ratios, 0.1) if ratios else None,
-        "density_p90": _percentile(ratios, 0.9) if ratios else None,
+        "density_p10": quantile(ratios, 0.1) if ratios else None,
+        "density_p90": quantile(ratios, 0.9) if ratios else None,
         "mean_density_ratio": statistics.fmean(ratios) if ratios else None,
-        "evals": [(e["train_time"], e["test_accuracy"]) for e in evals],
     }
+
+
+def _label(method: str, density: float | None) -> str:
+    """``none`` or ``micro d=0.001``: how the report names a method."""
+    return method if density is None else f"{method} d={density:g}"
 
 
 def _spread(values: list[float | None]) -> dict:
@@ -228,8 +217,7 @@ def analyse(root: Path, targets: list[float]) -> dict:
     cells: dict[str, dict[str, list[dict]]] = {}
     for summary in sorted(Path(root).glob("*/*/summary.json")):
         run = analyse_run(summary.parent, targets)
-        label = run["method"] if run["density"] is None else f"{run['method']} d={run['density']:g}"
-        cells.setdefault(summary.parent.parent.name, {}).setdefault(label, []).append(run)
+        cells.setdefault(summary.parent.parent.name, {}).setdefault(run["label"], []).append(run)
     report: dict[str, dict] = {}
     for cell, methods in cells.items():
         rows = {}
@@ -259,15 +247,9 @@ def analyse(root: Path, targets: list[float]) -> dict:
                 "mean_density_ratio": _mean_or_none([r["mean_density_ratio"] for r in runs]),
                 "density_p10": _mean_or_none([r["density_p10"] for r in runs]),
                 "density_p90": _mean_or_none([r["density_p90"] for r in runs]),
-                "dirs": [],
+                "dirs": [r["dir"] for r in runs],
             }
         report[cell] = rows
-    for summary in sorted(Path(root).glob("*/*/summary.json")):
-        cell = summary.parent.parent.name
-        run = json.loads((summary.parent / "run.json").read_text())
-        dense = run["compressor"] in DENSE
-        label = run["compressor"] if dense else f"{run['compressor']} d={run['density']:g}"
-        report[cell][label]["dirs"].append(str(summary.parent))
     return report
 
 

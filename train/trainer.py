@@ -142,7 +142,7 @@ def train_epoch(ctx: Context, epoch: int, iteration: int, progress: Progress,
         iteration += 1
         if hvd.rank() == 0:
             progress.update(epoch, step, steps, row["loss"], row["density"])
-        every = getattr(args, "eval_every", None)
+        every = args.eval_every
         if on_eval is not None and every and iteration % every == 0 and step + 1 < steps:
             pause = time.perf_counter()
             on_eval(iteration, pause - start - paused)
