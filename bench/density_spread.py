@@ -70,23 +70,31 @@ def rank_body(spec: dict) -> None:
                                    compression=compression)
     x, y = data.train.tensors
     gen = torch.Generator().manual_seed(1 + hvd.rank())
-    ctl, records = compression.controller, []
+    ctl, records, own = compression.controller, [], []
     for t in range(spec["iterations"]):
         idx = torch.randint(0, len(x), (batch,), generator=gen)
         opt.zero_grad()
         loss = F.cross_entropy(model(x[idx]), y[idx])
         loss.backward()
         passes = getattr(ctl, "extra_passes", 0)
+        log_m = list(getattr(ctl, "log_multipliers", []))
         opt.step()
         s = opt.last_stats
+        extra = getattr(ctl, "extra_passes", 0) > passes
         records.append({"t": t, "ratio": s.global_count / s.target_count,
                         "counts": s.rank_counts, "imbalance": s.load_imbalance,
                         "select_ms": 1e3 * s.phases.get("select", 0.0),
-                        "extra_pass": getattr(ctl, "extra_passes", 0) > passes,
+                        "extra_pass": extra, "log_multipliers": log_m,
                         "nonfinite": s.nonfinite, "loss": float(loss.detach())})
+        # Every rank's own view of its selection, to tell which part fell short and why:
+        # its threshold, the RMS its base threshold scaled (the scale-free controllers)
+        # and whether it made the extra pass.
+        own.append([s.threshold, getattr(compression, "_scale", None), extra])
+    per_rank = hvd.allgather_object(own)
     if hvd.rank() == 0:
         Path(spec["out"]).write_text(json.dumps({"numel": s.numel, "k": s.target_count,
-                                                 "records": records}))
+                                                 "records": records,
+                                                 "per_rank": per_rank}))
 
 
 def quantile(sorted_values: list[float], q: float) -> float:
@@ -119,6 +127,15 @@ def spread(records: list[dict], warmup: int) -> dict:
         "nonfinite_steps": sum(bool(r.get("nonfinite")) for r in rs),
         "final_loss": rs[-1].get("loss"),
     }
+
+
+def trace(run: dict) -> dict:
+    """Per iteration and rank: its count, threshold, RMS scale, extra pass; per iteration:
+    the per-part log multipliers before the step (what a diagnosis of the spread needs)."""
+    records = run["records"]
+    return {"counts": [r["counts"] for r in records],
+            "log_multipliers": [r.get("log_multipliers", []) for r in records],
+            "per_rank": run.get("per_rank", [])}
 
 
 def run_cell(dataset: str, density: float, n: int, controller: str, iterations: int,
@@ -184,6 +201,7 @@ def main() -> None:
                             "controller": controller, "numel": run["numel"], "k": run["k"],
                             "spread": spread(run["records"], args.warmup),
                             "ratios": [r["ratio"] for r in run["records"]],
+                            "trace": trace(run),
                             "seconds": time.perf_counter() - start}
                     cells = [c for c in cells if (c["dataset"], c["density"], c["n"],
                                                   c["controller"]) != (dataset, density, n,
