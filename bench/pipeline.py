@@ -19,9 +19,17 @@ Models: ``wide_mlp`` (12.7M parameters, about 60 ms of compute per iteration on 
 thread: the communication-bound regime) or ``resnet18`` (11.2M, about 1.6 s: the
 compute-bound regime). Variants of the optimizer run interleaved in one run (each round
 runs every variant once), so their medians and paired ratios compare like with like:
-``compute`` (no exchange, the lower bound), ``micro`` (defaults), ``micro-copy``
-(``zero_copy=False``: the out-of-place ``a_t`` of before issue 11). ``--rate`` runs the
-ranks inside ``bench/netns_run.sh`` (tbf-limited loopback, as root).
+
+* ``compute``: no exchange, the lower bound the issue's bar is set against;
+* ``barrier``: compute plus a one-element allreduce where ``synchronize()`` would be: what
+  any synchronous data-parallel step pays on this machine with no bytes to move (the
+  ranks' compute differs from step to step, and the faster one waits);
+* ``micro``: the defaults;
+* ``micro-fullclear``: the defaults, but the output buffer zeroed in full on every step
+  (the reducer's rule before it learned to clear only the previous support);
+* ``micro-copy``: ``zero_copy=False``, the out-of-place ``a_t`` of before issue 11.
+
+``--rate`` runs the ranks inside ``bench/netns_run.sh`` (tbf-limited loopback, as root).
 
 Results, and the machine they were measured on: BENCHMARKS.md, sections 4 and 8.
 
@@ -42,11 +50,15 @@ from bench.common import median, random_batches
 from bench.launch import horovodrun_cmd, run_bounded
 
 REPO = Path(__file__).resolve().parent.parent
+#: label -> None (no exchange) or (DistributedOptimizer kwargs, reducer attributes)
 VARIANTS = {
     "compute": None,
-    "micro": {},
-    "micro-copy": {"zero_copy": False},
+    "barrier": None,
+    "micro": ({}, {}),
+    "micro-fullclear": ({}, {"clear_support_only": False}),
+    "micro-copy": ({"zero_copy": False}, {}),
 }
+SPARSE = [label for label, spec in VARIANTS.items() if spec is not None]
 POOL = 64  # random batches cycled per iteration (bench.common.random_batches)
 PHASES = ("accumulate", "check", "select", "indices", "values", "exchange_local", "update",
           "write_back")
@@ -75,10 +87,12 @@ def worker(args) -> None:
         base = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         opt = base
         if VARIANTS[label] is not None:
+            kwargs, attributes = VARIANTS[label]
             opt = hvm.DistributedOptimizer(
                 base, named_parameters=model.named_parameters(),
-                compression=hvm.Compression.micro(density=args.density),
-                **VARIANTS[label])
+                compression=hvm.Compression.micro(density=args.density), **kwargs)
+            for name, value in attributes.items():
+                setattr(opt._reducer, name, value)
         runs[label] = {"model": model, "opt": opt, "batches": batches, "rows": [], "t": 0}
 
     def iteration(run, label, keep):
@@ -90,10 +104,13 @@ def worker(args) -> None:
         run["t"] += 1
         torch.nn.functional.cross_entropy(model(x), y).backward()
         t1 = time.perf_counter()
-        if label != "compute":
+        sparse = label in SPARSE
+        if sparse:
             opt.synchronize()
+        elif label == "barrier":  # what any synchronous step pays here, bytes aside
+            hvd.allreduce(torch.zeros(1), name="barrier")
         t2 = time.perf_counter()
-        if label != "compute":
+        if sparse:
             with opt.skip_synchronize():
                 opt.step()
         else:
@@ -101,7 +118,7 @@ def worker(args) -> None:
         t3 = time.perf_counter()
         if keep:
             row = {"backward": t1 - t0, "sync": t2 - t1, "step": t3 - t2, "total": t3 - t0}
-            if label != "compute":
+            if sparse:
                 st = opt.last_stats
                 row.update(st.phases, count=st.global_count, max_rank=max(st.rank_counts))
             run["rows"].append(row)
@@ -161,9 +178,10 @@ def summarise(per_rank: list[dict], variants: list[str]) -> dict:
         for key in ("backward", "sync", "step", *PHASES, "count", "max_rank"):
             if key in rows[0]:
                 summary[key] = median([row.get(key, 0.0) for row in rows])
-        if "compute" in totals:
-            summary["paired_x_compute"] = median(
-                [a / b for a, b in zip(totals[v], totals["compute"])])
+        for base in ("compute", "barrier"):
+            if base in totals:
+                summary[f"paired_x_{base}"] = median(
+                    [a / b for a, b in zip(totals[v], totals[base])])
         out[v] = summary
     return out
 
@@ -210,16 +228,17 @@ def main() -> None:
           f"{args.rate or 'unlimited'}; medians of {iters} interleaved iterations, ms "
           "(total: slower rank; phases: rank 0)\n")
     cols = ("total", "compute", "backward", "sync", "step", *PHASES)
-    print("| variant | " + " | ".join(cols) + " | x compute-only, paired | global count "
-          "| max rank count |")
-    print("|---|" + "---:|" * (len(cols) + 3))
+    print("| variant | " + " | ".join(cols) + " | x compute-only, paired "
+          "| x barrier, paired | global count | max rank count |")
+    print("|---|" + "---:|" * (len(cols) + 4))
     for v, r in res.items():
         cells = [f"{r[c] * 1e3:.2f}" if c in r else "" for c in cols]
         print(f"| {v} | " + " | ".join(cells)
               + f" | {r.get('paired_x_compute', float('nan')):.3f} "
+              f"| {r.get('paired_x_barrier', float('nan')):.3f} "
               f"| {r.get('count', float('nan')):.0f} | {r.get('max_rank', float('nan')):.0f} |")
     if activities:
-        steps = (iters + args.warmup) * sum(1 for v in args.variants if v != "compute")
+        steps = (iters + args.warmup) * sum(1 for v in args.variants if v in SPARSE)
         print("\nHorovod timeline, the optimizer's collectives, all ranks' process, ms per "
               "step (mean over every step of every sparse variant):\n")
         for name, sec in sorted(activities.items(), key=lambda kv: -kv[1]):

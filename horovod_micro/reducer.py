@@ -126,6 +126,12 @@ class SparseReducer:
         # nn.Embedding(sparse=True)) into a dense .grad, where the sparse one must be
         # refused (SPARSE_GRADIENT). So the first step always takes the out-of-place path.
         self._dense_before = [False] * len(layout.params)
+        # The output's support as this step wrote it, and the output's version counter
+        # then (see _clear_output): the next step clears only those coordinates.
+        self._written: tuple[torch.Tensor, torch.Tensor, int] | None = None
+        self.full_clears = 0  # steps that zeroed the whole output (a statistic)
+        # False zeroes the whole output on every step (the rule before; for benchmarks).
+        self.clear_support_only = True
 
     def reduce(self, reported: int = OK) -> StepStats:
         """Exchange the current ``.grad`` of every parameter and replace it by the result.
@@ -216,14 +222,35 @@ class SparseReducer:
         sent = acc.index_select(0, contributed)
         kept = self.sparsifier.wire_error(sent)
         acc.index_copy_(0, contributed, kept)
-        self.output.zero_()
+        self._clear_output()
         self.output.index_copy_(0, applied, reduced.values.to(self.output.dtype))
+        self._written = (self.output, applied, self.output._version)
         self.sparsifier.observe(reduced)
         if not math.isfinite(sq_norm):  # ||a||^2 overflowed on finite entries
             return _norm(acc)
         # ||a||^2 - ||sent||^2 + ||kept||^2: no second pass over N.
         return math.sqrt(max(sq_norm - float(torch.dot(sent, sent))
                              + float(torch.dot(kept, kept)), 0.0))
+
+    def _clear_output(self) -> None:
+        """Zero the output buffer before this step's aggregate goes in.
+
+        The output holds the previous step's aggregate: zero outside its support, which
+        this reducer wrote itself. So when the output is still that step's buffer and its
+        version counter has not moved since (no in-place write into it, nor into the
+        ``.grad`` views of it: the optimizer, a clip or an ``unscale_`` after
+        ``synchronize()``), zeroing that support (O(k)) restores all zeros. Otherwise (the
+        buffers traded roles on an out-of-place step, a NaN fill, a write into ``.grad``)
+        the whole buffer is zeroed, as before: 1.8-5 ms at 12.7M float32 on one core here
+        (BENCHMARKS.md, section 8). One blind spot, shared with the residual views: a write
+        through ``.grad.data`` does not move the version counter."""
+        written, self._written = self._written, None
+        if self.clear_support_only and written is not None and written[0] is self.output \
+                and self.output._version == written[2]:
+            self.output.index_fill_(0, written[1], 0.0)
+        else:
+            self.output.zero_()
+            self.full_clears += 1
 
     def _skip(self, reduced: Reduced) -> float:
         """A non-finite step. Every rank hands NaN to its optimizer, as dense Horovod would
@@ -235,6 +262,7 @@ class SparseReducer:
         every rank holds the same aggregate, so every rank drops the same coordinates).
         Returns the residual's norm."""
         acc = self.residual
+        self._written = None
         self.output.fill_(math.nan)
         torch.nan_to_num_(acc, nan=0.0, posinf=0.0, neginf=0.0)
         overflowed = reduced.indices[~torch.isfinite(reduced.values)]

@@ -43,6 +43,7 @@ def variants(numel, iterations, seed=0):
                             "residual": _residual(opt).tolist(),
                             "threshold": opt.last_stats.threshold,
                             "native": opt.compression._selector.use_native,
+                            "full_clears": opt._reducer.full_clears,
                             "phases": opt.last_stats.phases})
         out[label] = records
     return out
@@ -69,6 +70,28 @@ def tampered(numel, iterations, seed=0):
                         "threshold": opt.last_stats.threshold,
                         "grad_was_none": grad_was_none})
     return {"records": records, "warnings": caught}
+
+
+def written_after(numel, iterations, seed=0):
+    """In-place writes into ``.grad`` after the step (the exchanged gradient, a view of
+    the reducer's output buffer): ``add_(1.0)`` at step 1 and a ``clip_grad_norm_`` at
+    step 3. The next steps' gradients must not keep any of it. Per iteration: the
+    exchanged gradient (before the write) and the reducer's count of whole-buffer clears."""
+    param = torch.nn.Parameter(torch.zeros(numel))
+    opt = _optimizer(param)
+    records = []
+    for t in range(iterations):
+        opt.zero_grad()
+        (param * injected_gradient(hvd.rank(), t, numel, seed)).sum().backward()
+        opt.step()
+        records.append({"grad": param.grad.tolist(), "residual": _residual(opt).tolist(),
+                        "threshold": opt.last_stats.threshold,
+                        "full_clears": opt._reducer.full_clears})
+        if t == 1:
+            param.grad.add_(1.0)
+        if t == 3:
+            torch.nn.utils.clip_grad_norm_([param], max_norm=1e-3)
+    return records
 
 
 def create_graph(numel):

@@ -8,6 +8,9 @@ the independent simulation of tests/simulation.py:
 * an in-place write into ``.grad`` before ``synchronize()`` is detected: a warning, and
   separate gradient buffers from then on, with results still those of the simulation fed
   with what the gradient became;
+* an in-place write into ``.grad`` after the step (into the reducer's output buffer,
+  whose previous support alone it zeroes when nothing else wrote there) does not leak
+  into the next steps;
 * ``backward(create_graph=True)`` on one rank is a clear error on every rank.
 """
 
@@ -53,6 +56,11 @@ def test_zero_copy_equals_copy_and_the_simulation(backend, select):
             torch.testing.assert_close(torch.tensor(rec["before"]),
                                        sim[t - 1]["residual"][res.rank])
         assert all(rec["before"] is None for rec in runs["copy"])
+        # The output buffer is cleared in full only when its support is not known: on the
+        # first step (out of place, the buffers trade roles), and on every step of the
+        # copy path; otherwise only the previous step's support is zeroed.
+        assert [r["full_clears"] for r in runs["zero_copy"]] == [1] * ITERATIONS
+        assert [r["full_clears"] for r in runs["copy"]] == list(range(1, ITERATIONS + 1))
         # Every step timed its phases, in the order of the step (the value allreduce is
         # skipped, and so untimed, on a step that selected nothing).
         order = ["accumulate", "check", "select", "indices", "values", "exchange_local",
@@ -84,6 +92,23 @@ def test_in_place_write_before_synchronize_is_detected():
             ITERATIONS - 2)
         # (0.5 (e + g) and e + (0.5 g - 0.5 e) round differently in float32: a few ulps.)
         _assert_matches(out["records"], sim, res.rank, atol=1e-6)
+
+
+@pytest.mark.parametrize("backend", ["gloo", "mpi"])
+def test_writes_into_the_exchanged_gradient_do_not_leak_into_the_next(backend):
+    """The reducer zeroes only the previous step's support of its output buffer when
+    nothing else wrote into it; a write into ``.grad`` after the step (a dense ``add_``, a
+    clip) must still leave the next steps' gradients exactly the simulation's."""
+    iterations = 6
+    results = run_ranks("ranks_zero_copy:written_after", np=2, backend=backend,
+                        kwargs={"numel": NUMEL, "iterations": iterations, "seed": SEED})
+    grads = [[injected_gradient(r, t, NUMEL, SEED) for r in range(2)]
+             for t in range(iterations)]
+    sim = simulate_micro(grads, per_rank_thresholds([r.value for r in results]), 2)
+    for res in results:
+        _assert_matches(res.value, sim, res.rank)
+        # Whole-buffer clears: the first step, and the step after each write.
+        assert [r["full_clears"] for r in res.value] == [1, 1, 2, 2, 3, 3]
 
 
 def test_create_graph_is_an_error_on_every_rank():
