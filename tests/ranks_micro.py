@@ -21,7 +21,7 @@ def _flat_param_optimizer(numel, compression, **kwargs):
 
 def exchange_trace(numel, iterations, density, seed=0, skew=0.0, op="average",
                    initial_threshold=None, fp16_values=False, error_feedback=True,
-                   controller="bounded"):
+                   controller="bounded", plateau=0.0):
     """Per iteration: exchanged gradient, threshold, counts, residual, bytes, and the
     controller's state after the step."""
     compression = hvm.Compression.micro(density=density, initial_threshold=initial_threshold,
@@ -31,7 +31,7 @@ def exchange_trace(numel, iterations, density, seed=0, skew=0.0, op="average",
                                        op=hvd.Average if op == "average" else hvd.Sum)
     trace = []
     for grad, stats, residual in feed_gradients(opt, param, hvd.rank(), iterations, numel,
-                                                seed, skew):
+                                                seed, skew, plateau=plateau):
         trace.append({
             "grad": grad.tolist(), "threshold": stats.threshold,
             "threshold_hex": float(stats.threshold).hex(),

@@ -17,12 +17,16 @@ import torch
 
 
 def rank_gradient(rank: int, iteration: int, numel: int, seed: int = 0,
-                  skew: float = 0.0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+                  skew: float = 0.0, dtype: torch.dtype = torch.float32,
+                  plateau: float = 0.0) -> torch.Tensor:
     """Deterministic gradient of ``rank`` at ``iteration`` (float32 unless ``dtype``).
 
     Heavy-tailed (Student-t like) values; ``skew > 0`` makes magnitudes grow along the
     vector, so later parts hold more large entries (unbalanced parts). A float64 gradient
     is drawn in float64, so it has digits that a float32 round trip would lose.
+    ``plateau > 0``: that share of the entries (the same ones every time) are replaced by
+    +-0.03 within 0.01 % of each other: a cliff in the count against the threshold, far
+    narrower than one step of the bounded controller's ladder.
     """
     gen = torch.Generator().manual_seed(seed * 1_000_003 + rank * 7919 + iteration * 104_729)
     draw = torch.float64 if dtype == torch.float64 else torch.float32
@@ -31,6 +35,11 @@ def rank_gradient(rank: int, iteration: int, numel: int, seed: int = 0,
     values = normal / chi * 0.01
     if skew:
         values *= torch.exp(torch.linspace(0.0, skew, numel, dtype=draw))
+    if plateau:
+        where = torch.Generator().manual_seed(seed)
+        spots = torch.randperm(numel, generator=where)[:round(plateau * numel)]
+        level = 0.03 * (1.0 + 1e-4 * torch.rand(len(spots), generator=gen, dtype=draw))
+        values[spots] = torch.where(values[spots] < 0, -level, level)
     return values.to(dtype)
 
 
@@ -172,6 +181,9 @@ class BoundedRule:
     ``J = min(max(ceil(log(1.5 target / max(c, 1/2)) / (2 log q)), 1), 128)``. Every rank
     then moves ``log m_p`` by ``0.5 (j - 4) log q`` for the part it reported (clamped to
     128 steps) and ``k* = k (1 - 0.2 * sum_t (k_t / k - 1))``, clamped to [0.5 k, 1.5 k].
+    When the chosen step's count is more than 10 % off the target although some scanned
+    step had at least the target, the threshold is the ``round(target)``-th largest ``|a|``
+    of the part instead (the report stays the step).
     Counts are found by scanning the whole ladder range (no search)."""
 
     q = 2.0 ** (1.0 / 64.0)
@@ -185,6 +197,7 @@ class BoundedRule:
         self.excess = 0.0
         self.reports: list[int] = []
         self.parts: list[int] = []
+        self.exact_cuts = 0  # thresholds taken as the round(target)-th largest |a|
 
     def target(self, part_size: int) -> float:
         factor = min(max(1.0 - 0.2 * self.excess, 0.5), 1.5)
@@ -219,6 +232,10 @@ class BoundedRule:
         best = min(steps, key=lambda j: (err(j), abs(j)))
         self.reports.append(best)
         self.parts.append(p)
+        if err(best) > math.log(1.1) and count(min(steps)) >= target:
+            # More than 10 % off even at the closest step: the round(target)-th largest |a|.
+            self.exact_cuts += 1
+            return float(values.sort(descending=True).values[max(round(target), 1) - 1])
         return base * self.q ** best
 
     def observe(self, counts: list[int]) -> None:
@@ -231,13 +248,13 @@ class BoundedRule:
 
 def feed_gradients(opt, param: torch.nn.Parameter, rank: int, iterations: int,
                    numel: int, seed: int = 0, skew: float = 0.0, step: bool = True,
-                   inject=()):
+                   inject=(), plateau: float = 0.0):
     """Drive ``opt`` with ``rank_gradient`` (in ``param``'s dtype, with ``inject`` as in
     :func:`injected_gradient`) for ``iterations`` exchanges; yield per iteration
     (exchanged gradient, stats, residual after the exchange)."""
     for t in range(iterations):
         param.grad = (injected_gradient(rank, t, numel, seed, param.dtype, inject) if inject
-                      else rank_gradient(rank, t, numel, seed, skew, param.dtype))
+                      else rank_gradient(rank, t, numel, seed, skew, param.dtype, plateau))
         opt.synchronize()
         grad = param.grad.detach().clone()
         residual = opt.state_dict()["horovod_micro"]["residual"]
