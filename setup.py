@@ -1,4 +1,5 @@
-"""Only the native selection kernel lives here; all metadata is in setup.cfg."""
+"""Only the native kernels live here (selection, and the fused accumulate + norm); all
+metadata is in setup.cfg."""
 
 from setuptools import Extension, setup
 
@@ -6,7 +7,8 @@ setup(
     ext_modules=[
         Extension(
             "horovod_micro._select",
-            sources=["horovod_micro/_native/select.c"],
+            sources=["horovod_micro/_native/select.c",
+                     "horovod_micro/_native/accumulate.c"],
             extra_compile_args=["-O3", "-fno-math-errno"],
         )
     ]

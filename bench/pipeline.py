@@ -27,7 +27,9 @@ runs every variant once), so their medians and paired ratios compare like with l
 * ``micro``: the defaults;
 * ``micro-fullclear``: the defaults, but the output buffer zeroed in full on every step
   (the reducer's rule before it learned to clear only the previous support);
-* ``micro-copy``: ``zero_copy=False``, the out-of-place ``a_t`` of before issue 11.
+* ``micro-copy``: ``zero_copy=False``, the out-of-place ``a_t`` (on float32 CPU tensors
+  added and squared in one native pass, :mod:`horovod_micro.accumulate`);
+* ``micro-copy-unfused``: the same in two torch passes (add, then the norm), as before.
 
 ``--rate`` runs the ranks inside ``bench/netns_run.sh`` (tbf-limited loopback, as root).
 
@@ -57,6 +59,7 @@ VARIANTS = {
     "micro": ({}, {}),
     "micro-fullclear": ({}, {"clear_support_only": False}),
     "micro-copy": ({"zero_copy": False}, {}),
+    "micro-copy-unfused": ({"zero_copy": False}, {"fused_accumulate": False}),
 }
 SPARSE = [label for label, spec in VARIANTS.items() if spec is not None]
 POOL = 64  # random batches cycled per iteration (bench.common.random_batches)

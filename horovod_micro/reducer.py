@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from .accumulate import add_and_square
 from .consistency import step_check
 from .exchange import (
     GRAPH_GRADIENT,
@@ -130,8 +131,10 @@ class SparseReducer:
         # then (see _clear_output): the next step clears only those coordinates.
         self._written: tuple[torch.Tensor, torch.Tensor, int] | None = None
         self.full_clears = 0  # steps that zeroed the whole output (a statistic)
-        # False zeroes the whole output on every step (the rule before; for benchmarks).
+        # For benchmarks, the rules before: False zeroes the whole output on every step
+        # (clear_support_only), and adds then squares in two torch passes (fused_accumulate).
         self.clear_support_only = True
+        self.fused_accumulate = True
 
     def reduce(self, reported: int = OK) -> StepStats:
         """Exchange the current ``.grad`` of every parameter and replace it by the result.
@@ -147,9 +150,10 @@ class SparseReducer:
         """
         clock = PhaseClock()
         watching = self._check_views()
-        acc, status, in_place = self._error_compensated(watching)
+        acc, status, in_place, sq_norm = self._error_compensated(watching)
         clock.lap("accumulate")
-        sq_norm = float(torch.dot(acc, acc))
+        if sq_norm is None:  # not squared on the way (zero-copy, or no native kernel)
+            sq_norm = float(torch.dot(acc, acc))
         if status == OK and not _all_finite(acc, sq_norm):
             status = NONFINITE
         if reported != OK:
@@ -269,9 +273,11 @@ class SparseReducer:
         acc.index_fill_(0, overflowed.long(), 0.0)
         return _norm(acc)
 
-    def _error_compensated(self, watching: bool) -> tuple[torch.Tensor, int, bool]:
+    def _error_compensated(self, watching: bool
+                           ) -> tuple[torch.Tensor, int, bool, float | None]:
         """``a_t = e_t + g_t``: the buffer that holds it, the status this rank reports in
-        the exchange, and whether that buffer is the residual itself.
+        the exchange, whether that buffer is the residual itself, and ``||a_t||^2`` when
+        it was taken on the way (None: the caller takes it).
 
         Zero-copy error feedback. When every gradient is a view of the residual (installed
         by :meth:`install_residual_views`, which the optimizer's ``zero_grad()`` calls),
@@ -281,7 +287,9 @@ class SparseReducer:
         written out of place into the output buffer, which the optimizer no longer needs,
         so a collective error leaves the residual untouched; a gradient that already is a
         residual view contributes its slice as it stands. The out-of-place pass costs
-        7-10 ms at 12.7M float32 on one core here (BENCHMARKS.md, section 8)."""
+        7-10 ms at 12.7M float32 on one core here (BENCHMARKS.md, section 8); on contiguous
+        float32 CPU tensors it also squares ``a_t`` on the way
+        (:mod:`horovod_micro.accumulate`), so the norm needs no pass of its own."""
         status = OK
         grads = []
         in_place = True
@@ -301,14 +309,23 @@ class SparseReducer:
             in_place = in_place and (view or grad is None)
             grads.append(None if view else grad)
         if in_place:
-            return self.residual, status, True
+            return self.residual, status, True, None
         acc = self.output
+        self._written = None  # the output's support is about to be overwritten
+        sq_norm: float | None = 0.0 if self.fused_accumulate else None
         for grad, (start, end) in zip(grads, self.layout.slices):
-            if grad is None:
-                acc[start:end].copy_(self.residual[start:end])
+            e, a = self.residual[start:end], acc[start:end]
+            g = None if grad is None else grad.reshape(-1)
+            squared = None if sq_norm is None else add_and_square(e, g, a)
+            if squared is not None:
+                sq_norm += squared
+                continue
+            sq_norm = None  # a slice the kernel cannot serve: torch adds, and squares later
+            if g is None:
+                a.copy_(e)
             else:
-                torch.add(self.residual[start:end], grad.reshape(-1), out=acc[start:end])
-        return acc, status, False
+                torch.add(e, g, out=a)
+        return acc, status, False, sq_norm
 
     def forget_views(self) -> None:
         """The residual is about to be overwritten as a whole (an elastic restore): its

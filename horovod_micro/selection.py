@@ -24,12 +24,20 @@ import torch
 INT32_MAX = 2**31 - 1
 
 
-def _load_native():
-    """``(hvm_select_abs_ge, hvm_select_abs_ge_values)`` from the built kernel, or Nones."""
+def native_library() -> ctypes.CDLL | None:
+    """The built native kernels (``_native/*.c``), or None in a tree where they were not
+    built."""
     spec = importlib.util.find_spec("horovod_micro._select")
     if spec is None or spec.origin is None:
+        return None
+    return ctypes.CDLL(spec.origin)
+
+
+def _load_native():
+    """``(hvm_select_abs_ge, hvm_select_abs_ge_values)`` from the built kernel, or Nones."""
+    lib = native_library()
+    if lib is None:
         return None, None
-    lib = ctypes.CDLL(spec.origin)
     plain, with_values = lib.hvm_select_abs_ge, lib.hvm_select_abs_ge_values
     head = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int64, ctypes.c_void_p]
     plain.restype = with_values.restype = ctypes.c_int64
