@@ -1,6 +1,12 @@
 #!/usr/bin/env bash
 # `make image`: build the CPU variant of docker/Dockerfile as $HVM_IMAGE
-# (default localhost/horovod-micro:cpu), with the Dockerfile unchanged in recipe:
+# (default localhost/horovod-micro:cpu), with the Dockerfile unchanged in recipe.
+# `make image-gpu-check` (HVM_VARIANT=gpu): the GPU variant, compile only (no GPU here):
+# with buildah, on the local Debian base with this machine's CUDA toolkit mounted
+# read-only at /usr/local/cuda for the build ($HVM_CUDA_TOOLKIT, default $CUDA_HOME or
+# /usr/local/cuda) and NCCL from the nvidia-nccl wheel that torch brings; with docker, on
+# the Dockerfile's CUDA devel base. The Dockerfile's last step fails the build unless
+# `horovodrun --check-build` lists NCCL.
 #
 #   - builder: `docker build` when a Docker engine answers (`docker info`), else Debian's
 #     `buildah bud` (installed when missing) with its storage under $HVM_BUILDAH_ROOT
@@ -21,6 +27,11 @@ REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO"
 
 REGISTRY_BASE="${HVM_REGISTRY_BASE:-ubuntu:24.04}"
+VARIANT="${HVM_VARIANT:-cpu}"
+case "$VARIANT" in
+    cpu|gpu) ;;
+    *) log "HVM_VARIANT must be cpu or gpu, got '$VARIANT'"; exit 2 ;;
+esac
 
 # ---- pip's effective configuration -----------------------------------------------------
 # `pip config list` prints the merged value per section: ":env:" (PIP_* variables) wins
@@ -38,7 +49,7 @@ pip_setting() {  # pip_setting KEY -> effective value or nothing
     done
 }
 
-BUILD_ARGS=(--build-arg VARIANT=cpu)
+BUILD_ARGS=(--build-arg "VARIANT=$VARIANT")
 MOUNTS=()
 declare -A MOUNTED=()
 mount_ro() {  # mount a host directory or file at the same path for the build
@@ -141,19 +152,30 @@ pull_base() {
 CODENAME="$(debian_codename)"
 CODENAME="${CODENAME:-bookworm}"
 LOCAL_BASE="localhost/horovod-micro-base:$CODENAME"
-if [ -n "${HVM_BASE_IMAGE:-}" ]; then
+if [ "$VARIANT" = gpu ] && [ "$HVM_BUILDER" = docker ] && [ -z "${HVM_BASE_IMAGE:-}" ]; then
+    BASE="the Dockerfile's CUDA_IMAGE"  # a CUDA devel base brings nvcc itself
+elif [ -n "${HVM_BASE_IMAGE:-}" ]; then
     BASE="$HVM_BASE_IMAGE"
 elif image_exists "$LOCAL_BASE"; then
     BASE="$LOCAL_BASE"
-elif image_exists "$REGISTRY_BASE" || pull_base; then
+elif [ "$VARIANT" = cpu ] && { image_exists "$REGISTRY_BASE" || pull_base; }; then
     BASE="$REGISTRY_BASE"
 else
-    log "cannot pull $REGISTRY_BASE; making a local base image instead"
+    log "no base image at hand; making a local one"
     make_local_base "$LOCAL_BASE" "$CODENAME"
     BASE="$LOCAL_BASE"
 fi
-BUILD_ARGS+=(--build-arg "CPU_IMAGE=$BASE")
-log "building $HVM_IMAGE with $HVM_BUILDER on $BASE"
+if [ "$VARIANT" = cpu ]; then
+    BUILD_ARGS+=(--build-arg "CPU_IMAGE=$BASE")
+elif [ "$BASE" != "the Dockerfile's CUDA_IMAGE" ]; then
+    # A base without CUDA: this machine's toolkit (nvcc, headers, cudart) for the build.
+    TOOLKIT="$(readlink -f "${HVM_CUDA_TOOLKIT:-${CUDA_HOME:-/usr/local/cuda}}")"
+    [ -x "$TOOLKIT/bin/nvcc" ] || {
+        log "no CUDA toolkit at $TOOLKIT (bin/nvcc); set HVM_CUDA_TOOLKIT"; exit 1; }
+    BUILD_ARGS+=(--build-arg "CUDA_IMAGE=$BASE")
+    MOUNTS+=(-v "$TOOLKIT:/usr/local/cuda:ro")
+fi
+log "building $HVM_IMAGE ($VARIANT) with $HVM_BUILDER on $BASE"
 
 # ---- the build -------------------------------------------------------------------------
 if [ "$HVM_BUILDER" = docker ]; then

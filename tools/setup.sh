@@ -21,6 +21,7 @@
 #   HVM_PYTHON       interpreter the venv is made from (default: python3)
 #   HVM_DEPS_ONLY    1: stop after step 4 (dependencies only; docker/Dockerfile uses it so
 #                    the Horovod build stays a cached layer while the sources change)
+#   HVM_CLUSTER_TOOLS 0: skip step 1c, the test machine's packages (the image's last step)
 #   HOROVOD_GPU_OPERATIONS=NCCL  build Horovod's GPU collectives too (the GPU image). The
 #                    set-up then also requires nccl_built(), and the wheel cache key gets a
 #                    "-nccl" suffix so a CPU-only wheel is never reused for it. Horovod's
@@ -64,10 +65,11 @@ fi
 
 # 1c. The emulated cluster (bench/cluster.py: ip/tc, nsenter/unshare, sshd and ssh) and
 #     the throwaway single-node SLURM of tests/test_jobs_slurm.py (slurmctld, slurmd,
-#     sbatch), from Debian's packages. Not for the image (HVM_DEPS_ONLY=1). Note: on a
-#     machine that runs systemd, Debian's packages also enable their services (the system
-#     sshd on port 22; slurmctld/slurmd, which fail without /etc/slurm/slurm.conf).
-if [ "${HVM_DEPS_ONLY:-0}" != 1 ]; then
+#     sbatch), from Debian's packages. Not for the image (HVM_DEPS_ONLY=1, then
+#     HVM_CLUSTER_TOOLS=0). Note: on a machine that runs systemd, Debian's packages also
+#     enable their services (the system sshd on port 22; slurmctld/slurmd, which fail
+#     without /etc/slurm/slurm.conf).
+if [ "${HVM_DEPS_ONLY:-0}" != 1 ] && [ "${HVM_CLUSTER_TOOLS:-1}" != 0 ]; then
     missing=()
     { command -v ip && command -v tc; } >/dev/null 2>&1 || missing+=(iproute2)
     { command -v nsenter && command -v unshare && command -v setpriv; } >/dev/null 2>&1 \
