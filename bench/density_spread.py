@@ -11,7 +11,8 @@ CIFAR-shaped data, at d = 0.01 and 0.001, n = 2 and 4, for each controller
   ``warmup + 100`` on; the mean over all iterations is reported too);
 * the load imbalance ``max_r k_r * n / sum_r k_r - 1`` (StepStats.load_imbalance), median;
 * rank 0's selection phase (``StepStats.phases["select"]``), mean and median ms, and the
-  share of iterations in which it made the bounded controller's extra pass.
+  share of iterations in which a rank made the bounded controller's extra pass (over
+  every rank's iterations; cells measured before every rank was logged: rank 0's).
 
 Why a rank body of its own instead of ``python -m train``: the selection phase and the
 extra-pass flag are not in the training records. The loop is the trainer's (same data,
@@ -105,9 +106,15 @@ def quantile(sorted_values: list[float], q: float) -> float:
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
-def spread(records: list[dict], warmup: int) -> dict:
-    """The issue's measures over the records from iteration ``warmup`` on."""
+def spread(records: list[dict], warmup: int, per_rank: list | None = None) -> dict:
+    """The issue's measures over the records from iteration ``warmup`` on. The extra-pass
+    share is over every rank's iterations when ``per_rank`` (each rank's
+    ``[threshold, scale, extra_pass]`` per iteration) is given, else rank 0's."""
     rs = records[warmup:]
+    if per_rank:
+        passes = [row[2] for rank in per_rank for row in rank[warmup:]]
+    else:
+        passes = [r["extra_pass"] for r in rs]
     ratios = sorted(r["ratio"] for r in rs)
     running = [statistics.mean(r["ratio"] for r in rs[:end])
                for end in range(min(100, len(rs)), len(rs) + 1)]
@@ -123,7 +130,8 @@ def spread(records: list[dict], warmup: int) -> dict:
         "imbalance_median": statistics.median(r["imbalance"] for r in rs),
         "select_ms_mean": statistics.mean(select),
         "select_ms_median": statistics.median(select),
-        "extra_pass_share": sum(r["extra_pass"] for r in rs) / len(rs),
+        "extra_pass_share": sum(passes) / len(passes),
+        "extra_pass_ranks": "all" if per_rank else "rank 0",
         "nonfinite_steps": sum(bool(r.get("nonfinite")) for r in rs),
         "final_loss": rs[-1].get("loss"),
     }
@@ -199,7 +207,8 @@ def main() -> None:
                                    args.timeout)
                     cell = {"dataset": dataset, "density": density, "n": n,
                             "controller": controller, "numel": run["numel"], "k": run["k"],
-                            "spread": spread(run["records"], args.warmup),
+                            "spread": spread(run["records"], args.warmup,
+                                             run.get("per_rank")),
                             "ratios": [r["ratio"] for r in run["records"]],
                             "trace": trace(run),
                             "seconds": time.perf_counter() - start}
