@@ -232,9 +232,14 @@ class SparseReducer:
         self.sparsifier.observe(reduced)
         if not math.isfinite(sq_norm):  # ||a||^2 overflowed on finite entries
             return _norm(acc)
-        # ||a||^2 - ||sent||^2 + ||kept||^2: no second pass over N.
-        return math.sqrt(max(sq_norm - float(torch.dot(sent, sent))
-                             + float(torch.dot(kept, kept)), 0.0))
+        # ||a||^2 - ||sent||^2 + ||kept||^2 (float64 sums over k entries): no second pass
+        # over N, unless nearly all of ||a||^2 was sent and the difference would be
+        # rounding (a 1e20 entry sent, the rest of order 1): then one exact pass.
+        rest = (sq_norm - float(torch.dot(sent.double(), sent.double()))
+                + float(torch.dot(kept.double(), kept.double())))
+        if not rest >= 1e-6 * sq_norm:
+            return _norm(acc)
+        return math.sqrt(rest)
 
     def _clear_output(self) -> None:
         """Zero the output buffer before this step's aggregate goes in.
