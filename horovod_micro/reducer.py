@@ -250,7 +250,7 @@ class SparseReducer:
         ``.grad`` views of it: the optimizer, a clip or an ``unscale_`` after
         ``synchronize()``), zeroing that support (O(k)) restores all zeros. Otherwise (the
         buffers traded roles on an out-of-place step, a NaN fill, a write into ``.grad``)
-        the whole buffer is zeroed, as before: 1.8-5 ms at 12.7M float32 on one core here
+        the whole buffer is zeroed, as before: 5.5-6 ms at 12.7M float32 on one core here
         (BENCHMARKS.md, section 8). One blind spot, shared with the residual views: a write
         through ``.grad.data`` does not move the version counter."""
         written, self._written = self._written, None
