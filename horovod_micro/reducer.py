@@ -67,6 +67,12 @@ def _all_finite(acc: torch.Tensor, sq_norm: float) -> bool:
     return math.isfinite(sq_norm) or bool(torch.isfinite(acc).all())
 
 
+def _sum_of_squares(x: torch.Tensor) -> float:
+    """``x . x`` accumulated in float64 (one conversion of the k-sized ``x``)."""
+    x = x.double()
+    return float(torch.dot(x, x))
+
+
 def _norm(x: torch.Tensor) -> float:
     """L2 norm of a finite ``x`` that cannot overflow: accumulated in float64 (enough for
     any float32 entry) and, should even that overflow (float64 entries beyond 1e154),
@@ -235,8 +241,7 @@ class SparseReducer:
         # ||a||^2 - ||sent||^2 + ||kept||^2 (float64 sums over k entries): no second pass
         # over N, unless nearly all of ||a||^2 was sent and the difference would be
         # rounding (a 1e20 entry sent, the rest of order 1): then one exact pass.
-        rest = (sq_norm - float(torch.dot(sent.double(), sent.double()))
-                + float(torch.dot(kept.double(), kept.double())))
+        rest = sq_norm - _sum_of_squares(sent) + _sum_of_squares(kept)
         if not rest >= 1e-6 * sq_norm:
             return _norm(acc)
         return math.sqrt(rest)
