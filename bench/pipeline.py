@@ -24,6 +24,12 @@ runs every variant once), so their medians and paired ratios compare like with l
 * ``barrier``: compute plus a one-element allreduce where ``synchronize()`` would be: what
   any synchronous data-parallel step pays on this machine with no bytes to move (the
   ranks' compute differs from step to step, and the faster one waits);
+* ``ef-floor``: ``barrier`` plus the one pass that error feedback cannot avoid: backward
+  adds ``g_t`` into ``.grad`` views of a persistent N-element buffer (the residual), as
+  MiCRO's zero-copy path does, instead of handing over a fresh gradient tensor; the step
+  then reads another, all-zero buffer (MiCRO's output is all but k zeros). No norm, no
+  selection, no bytes: what any error-feedback sparsifier with a free selection and a free
+  exchange would still pay here;
 * ``micro``: the defaults;
 * ``micro-fullclear``: the defaults, but the output buffer zeroed in full on every step
   (the reducer's rule before it learned to clear only the previous support);
@@ -56,6 +62,7 @@ REPO = Path(__file__).resolve().parent.parent
 VARIANTS = {
     "compute": None,
     "barrier": None,
+    "ef-floor": None,
     "micro": ({}, {}),
     "micro-fullclear": ({}, {"clear_support_only": False}),
     "micro-copy": ({"zero_copy": False}, {}),
@@ -97,12 +104,19 @@ def worker(args) -> None:
             for name, value in attributes.items():
                 setattr(opt._reducer, name, value)
         runs[label] = {"model": model, "opt": opt, "batches": batches, "rows": [], "t": 0}
+        if label == "ef-floor":
+            numel = sum(p.numel() for p in model.parameters())
+            runs[label]["grads"] = [flat_views(model, torch.zeros(numel)) for _ in range(2)]
 
     def iteration(run, label, keep):
         model, opt = run["model"], run["opt"]
         hvd.allreduce(torch.zeros(1), name="line-up")
         t0 = time.perf_counter()
-        opt.zero_grad()
+        if "grads" in run:  # backward adds into the residual's views
+            for p, g in zip(model.parameters(), run["grads"][0]):
+                p.grad = g
+        else:
+            opt.zero_grad()
         x, y = run["batches"][run["t"] % POOL]
         run["t"] += 1
         torch.nn.functional.cross_entropy(model(x), y).backward()
@@ -110,8 +124,11 @@ def worker(args) -> None:
         sparse = label in SPARSE
         if sparse:
             opt.synchronize()
-        elif label == "barrier":  # what any synchronous step pays here, bytes aside
+        elif label in ("barrier", "ef-floor"):  # what any synchronous step pays, bytes aside
             hvd.allreduce(torch.zeros(1), name="barrier")
+        if "grads" in run:  # the step reads the (all-zero) output buffer
+            for p, g in zip(model.parameters(), run["grads"][1]):
+                p.grad = g
         t2 = time.perf_counter()
         if sparse:
             with opt.skip_synchronize():
@@ -137,6 +154,15 @@ def worker(args) -> None:
     if hvd.rank() == 0:
         Path(args.worker).write_text(json.dumps(gathered))
     hvd.shutdown()
+
+
+def flat_views(model, flat):
+    """``flat`` cut into one view per parameter, shaped like it (the reducer's layout)."""
+    views, offset = [], 0
+    for p in model.parameters():
+        views.append(flat[offset:offset + p.numel()].view_as(p))
+        offset += p.numel()
+    return views
 
 
 # ---------------------------------------------------------------------------- timeline
@@ -198,6 +224,8 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--np", type=int, default=2)
     ap.add_argument("--rate", default=None, help="tbf rate of bench/netns_run.sh (as root)")
+    ap.add_argument("--cycle-time-ms", type=float, default=None,
+                    help="HOROVOD_CYCLE_TIME for the ranks (Horovod's default: 5 ms)")
     ap.add_argument("--timeline", action="store_true",
                     help="also record HOROVOD_TIMELINE and split the collectives' time")
     ap.add_argument("--json", type=Path, default=None)
@@ -213,6 +241,8 @@ def main() -> None:
                 "--iters", str(args.iters), "--warmup", str(args.warmup),
                 "--variants", *args.variants]
         env = {"PYTHONPATH": str(REPO)}
+        if args.cycle_time_ms is not None:
+            env["HOROVOD_CYCLE_TIME"] = f"{args.cycle_time_ms:g}"
         timeline = Path(tmp) / "timeline.json"
         if args.timeline:
             env["HOROVOD_TIMELINE"] = str(timeline)
@@ -227,9 +257,10 @@ def main() -> None:
         activities = timeline_activities(timeline) if args.timeline else {}
     res = summarise(per_rank, args.variants)
     iters = args.iters
+    cycle = "5 (default)" if args.cycle_time_ms is None else f"{args.cycle_time_ms:g}"
     print(f"# {args.model}, d = {args.density}, {args.np} Gloo ranks, link "
-          f"{args.rate or 'unlimited'}; medians of {iters} interleaved iterations, ms "
-          "(total: slower rank; phases: rank 0)\n")
+          f"{args.rate or 'unlimited'}, Horovod cycle time {cycle} ms; medians of {iters} "
+          "interleaved iterations, ms (total: slower rank; phases: rank 0)\n")
     cols = ("total", "compute", "backward", "sync", "step", *PHASES)
     print("| variant | " + " | ".join(cols) + " | x compute-only, paired "
           "| x barrier, paired | global count | max rank count |")
