@@ -127,6 +127,8 @@ def train_argv(job: Job, args: argparse.Namespace, out: Path) -> list[str]:
         argv += ["--density", str(job.density)]
     if args.iters:
         argv += ["--max-iters-per-epoch", str(args.iters)]
+    if args.fused_sgd:
+        argv += ["--fused-sgd"]
     if args.data_dir:
         argv += ["--data-dir", args.data_dir]
     return argv
@@ -415,6 +417,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--targets", nargs="*", type=float, default=[0.8, 0.85],
                    help="target test accuracies; the last is drawn in the figures")
     p.add_argument("--data-dir", default=None)
+    p.add_argument("--fused-sgd", action="store_true",
+                   help="train with torch's fused SGD (python -m train --fused-sgd)")
     p.add_argument("--run-timeout", type=float, default=3600.0, help="seconds per run")
     p.add_argument("--out", type=Path, default=REPO / "runs" / "time_to_accuracy")
     p.add_argument("--report-only", action="store_true")

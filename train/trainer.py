@@ -102,7 +102,8 @@ def setup(args: argparse.Namespace, cifar_classes: dict | None = None) -> Contex
     peak = peak_lr(args.lr, args.batch_size, hvd.size(), not args.no_lr_scaling)
     base = torch.optim.SGD(model.parameters(), lr=peak, momentum=args.momentum,
                            nesterov=not args.no_nesterov and args.momentum > 0,
-                           weight_decay=args.weight_decay)
+                           weight_decay=args.weight_decay,
+                           fused=True if args.fused_sgd else None)
     compression = build_compression(args.compressor, args.density,
                                     getattr(args, "controller", None))
     optimizer = hvm.DistributedOptimizer(base, named_parameters=model.named_parameters(),
