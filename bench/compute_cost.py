@@ -9,6 +9,13 @@ regime); ResNet-18 on CIFAR-sized inputs is compute-bound on a CPU.
 
     python -m bench.compute_cost                    # wide_mlp, fmnist_mlp, resnet18
     python -m bench.compute_cost --models wide_mlp --steps 30 --json out.json
+    python -m bench.compute_cost --models wide_mlp --sgd-step     # the update alone
+
+``--sgd-step`` times the SGD update alone, with the trainer's settings (Nesterov momentum
+0.9, weight decay 1e-4), in torch's three implementations: the per-parameter loop (CPU's
+default), ``foreach`` and ``fused`` (``python -m train --fused-sgd``). The update is a few
+memory-bound passes over the weights, so on a CPU it costs as much as a small model's
+forward and backward.
 
 Reports the median wall time and its 10th/90th percentiles over ``--steps`` timed steps
 after ``--warmup`` untimed ones (random inputs of the model's dataset shape, fixed seed),
@@ -54,6 +61,31 @@ def step_times(name: str, batch_size: int, steps: int, warmup: int
     return times
 
 
+SGD_IMPLS = {"loop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}
+
+
+def sgd_step_ms(name: str, rounds: int, steps: int) -> dict[str, float]:
+    """Median ms of one SGD update of model ``name``'s weights per implementation, the
+    implementations taking turns for ``rounds`` rounds of ``steps`` updates each."""
+    optimizers = {}
+    for impl, flags in SGD_IMPLS.items():
+        torch.manual_seed(0)
+        model = build_model(name, num_classes=10)
+        for p in model.parameters():
+            p.grad = torch.randn_like(p) * 1e-3
+        optimizers[impl] = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9,
+                                           nesterov=True, weight_decay=1e-4, **flags)
+    times: dict[str, list[float]] = {impl: [] for impl in SGD_IMPLS}
+    for _ in range(rounds):
+        for impl, optimizer in optimizers.items():
+            optimizer.step()  # untimed: warm
+            for _ in range(steps):
+                start = time.perf_counter()
+                optimizer.step()
+                times[impl].append(1000 * (time.perf_counter() - start))
+    return {impl: statistics.median(t) for impl, t in times.items()}
+
+
 def measure(name: str, batch_size: int, steps: int, warmup: int) -> dict:
     """Parameter count and step-time statistics (milliseconds) of model ``name``."""
     pairs = step_times(name, batch_size, steps, warmup)
@@ -77,12 +109,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=20, help="timed steps per model")
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps first")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    ap.add_argument("--sgd-step", action="store_true",
+                    help="time the SGD update alone, loop vs foreach vs fused")
     ap.add_argument("--json", type=Path, help="also write the results here")
     args = ap.parse_args(argv)
     if args.steps < 1 or args.batch_size < 1 or args.threads < 1:
         ap.error("--steps, --batch-size and --threads must be at least 1")
     torch.set_num_threads(args.threads)
     results = []
+    if args.sgd_step:
+        print(f"SGD update alone, median ms ({args.threads} thread(s)): "
+              + " | ".join(SGD_IMPLS))
+        for name in args.models:
+            ms = sgd_step_ms(name, rounds=3, steps=args.steps)
+            results.append({"model": name, "sgd_step_ms": ms})
+            print(f"{name:<12} " + " | ".join(f"{ms[i]:.1f}" for i in SGD_IMPLS), flush=True)
+        if args.json:
+            args.json.write_text(json.dumps(results, indent=1) + "\n")
+        return 0
     print(f"{'model':<12} {'parameters':>12} {'fp32 MB':>8} {'median ms':>10} "
           f"{'p10':>8} {'p90':>8} {'CPU ms':>8}   (batch {args.batch_size}, "
           f"{args.threads} thread(s))")

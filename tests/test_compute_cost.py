@@ -23,3 +23,13 @@ def test_reports_parameters_and_positive_times(tmp_path):
         assert 0 < row["p10_ms"] <= row["median_ms"] <= row["p90_ms"]
         assert row["median_cpu_ms"] > 0
         assert row["dense_fp32_mb"] == 4 * row["parameters"] / 1e6
+
+
+def test_sgd_step_times_every_implementation(tmp_path):
+    out = tmp_path / "sgd.json"
+    assert main(["--models", "fmnist_mlp", "--sgd-step", "--steps", "2",
+                 "--json", str(out)]) == 0
+    (row,) = json.loads(out.read_text())
+    assert row["model"] == "fmnist_mlp"
+    assert set(row["sgd_step_ms"]) == {"loop", "foreach", "fused"}
+    assert all(ms > 0 for ms in row["sgd_step_ms"].values())

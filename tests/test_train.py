@@ -152,3 +152,27 @@ def test_a_diverging_run_still_records_its_epochs(tmp_path):
     assert epoch["test_accuracy"] < 0.5
     assert "train loss not finite" in output
     assert json.loads((out / "summary.json").read_text())["iterations"] == 20
+
+
+def test_fused_sgd_takes_the_same_steps(tmp_path):
+    """``--fused-sgd`` swaps torch's SGD loop for its fused kernel, nothing else: a dense
+    run ends with the loop's parameters (up to float rounding), and a MiCRO run steps
+    through horovod_micro's wrapper with the fused kernel (the flag survives in the saved
+    optimizer state)."""
+    short = ["--epochs", "1", "--max-iters-per-epoch", "10", "--no-plots"]
+    models = {}
+    for label, flags in {"loop": [], "fused": ["--fused-sgd"]}.items():
+        train(tmp_path / label, "--compressor", "none", *short, *flags)
+        ckpt = torch.load(tmp_path / label / "checkpoint.pt", weights_only=False)
+        assert ckpt["optimizer"]["param_groups"][0]["fused"] is (True if flags else None)
+        momenta = [s["momentum_buffer"] for s in ckpt["optimizer"]["state"].values()]
+        assert momenta and all(m.abs().sum() > 0 for m in momenta)  # the steps moved it
+        models[label] = ckpt["model"]
+    for key, value in models["loop"].items():
+        assert torch.allclose(value, models["fused"][key], rtol=1e-4, atol=1e-6), key
+    train(tmp_path / "micro", "--compressor", "micro", *short, "--fused-sgd")
+    ckpt = torch.load(tmp_path / "micro" / "checkpoint.pt", weights_only=False)
+    assert ckpt["optimizer"]["param_groups"][0]["fused"] is True
+    iterations = read(tmp_path / "micro" / "iterations.jsonl")
+    assert len(iterations) == 10 and all(r["loss"] is not None for r in iterations)
+    assert all(r["method"] == "micro" and r["global_count"] > 0 for r in iterations)
