@@ -99,7 +99,7 @@ def worker(args) -> None:
             else:
                 model, source = resnet18()
             base = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, nesterov=True,
-                                   weight_decay=1e-4)
+                                   weight_decay=1e-4, fused=True if args.fused_sgd else None)
             label = method if d is None else f"{method} d={d}"
             if method == "compute":
                 opt = base
@@ -158,7 +158,8 @@ def worker(args) -> None:
 
     per_rank = hvd.allgather_object({c["label"]: c["iters"] for c in configs})
     if rank == 0:
-        out = {"source": source, "skipped": skipped, "size": hvd.size(), "configs": []}
+        out = {"source": source, "skipped": skipped, "size": hvd.size(),
+               "sgd": "fused" if args.fused_sgd else "default", "configs": []}
         for c in configs:
             runs = [r[c["label"]] for r in per_rank]  # [rank][iter]
             its = list(zip(*runs))
@@ -188,6 +189,9 @@ def worker(args) -> None:
             c["paired_x_compute"] = median([a / b for a, b in zip(own, by["compute"])])
             if "none" in by:
                 c["paired_dense_over"] = median([b / a for a, b in zip(own, by["none"])])
+            micro = by.get(f"micro d={c['density']}")
+            if micro is not None:  # the bar's "Top-k / MiCRO" at the same density
+                c["paired_over_micro"] = median([a / b for a, b in zip(own, micro)])
         Path(args.worker).write_text(json.dumps(out, indent=1))
     hvd.shutdown()
 
@@ -199,13 +203,13 @@ def table(rate: str, res: dict) -> str:
     comp = rows["compute"]["total"]
     dense = rows.get("none", {}).get("total")
     lines = [f"### link: {rate} ({res['configs'][0]['iters']} timed iterations per method, "
-             f"medians, model: {res['source']})", "",
+             f"medians, model: {res['source']}, SGD: {res.get('sgd', 'default')})", "",
              "| method | iteration s | compute s | sync wait s | over compute-only s "
              "| x compute-only | dense / this | x compute-only, paired | dense / this, paired "
-             "| 1 + sync wait / compute-only |"
+             "| this / MiCRO, paired | 1 + sync wait / compute-only |"
              " select+local s | collectives s | MB sent/rank | MB on lo (all ranks) "
              "| actual density |",
-             "|---|" + "---:|" * 14]
+             "|---|" + "---:|" * 15]
     for c in res["configs"]:
         def fmt(k, s="{:.3f}", c=c):
             return s.format(c[k]) if k in c else ""
@@ -215,6 +219,7 @@ def table(rate: str, res: dict) -> str:
             f"| {c['total'] - comp:+.3f} "
             f"| {c['total'] / comp:.2f} | {dense / c['total'] if dense else float('nan'):.2f} "
             f"| {c.get('paired_x_compute', nan):.2f} | {c.get('paired_dense_over', nan):.2f} "
+            f"| {c.get('paired_over_micro', nan):.2f} "
             f"| {1 + c['exchange'] / comp:.3f} "
             f"| {fmt('select_r0')} | {fmt('comm_r0')} "
             f"| {c['sent_r0'] / 1e6 if 'sent_r0' in c else float('nan'):.3f} "
@@ -234,6 +239,9 @@ def main() -> None:
     ap.add_argument("--model", choices=("resnet18", "wide_mlp"), default="resnet18",
                     help="resnet18: the compute-bound regime on this CPU; wide_mlp "
                     "(12.7M parameters, ~60 ms of compute): the communication-bound one")
+    ap.add_argument("--fused-sgd", action="store_true",
+                    help="torch's fused SGD kernel (fused=True) for every method, compute-only "
+                    "included: the same update in one pass (wide_mlp's step 52 -> 8 ms here)")
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--sparse-warmup", type=int, default=5,
                     help="untimed iterations of sparse methods (threshold settling)")
@@ -270,7 +278,8 @@ def main() -> None:
                 "--methods", *args.methods, "--densities", *map(str, args.densities),
                 "--batch", str(args.batch), "--model", args.model, "--warmup", str(args.warmup),
                 "--sparse-warmup", str(args.sparse_warmup),
-                "--rounds", str(args.rounds), "--per-round", str(args.per_round)]
+                "--rounds", str(args.rounds), "--per-round", str(args.per_round),
+                *(["--fused-sgd"] if args.fused_sgd else [])]
         cmd = [str(REPO / "bench/netns_run.sh"), rate, "1500",
                *horovodrun_cmd(args.np, "gloo", argv)]
         started = time.time()
