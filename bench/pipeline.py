@@ -85,6 +85,7 @@ def worker(args) -> None:
     import torch
 
     import horovod_micro as hvm
+    from horovod_micro.reducer import FlatLayout
 
     torch.set_num_threads(1)
     hvd.init()
@@ -104,9 +105,12 @@ def worker(args) -> None:
             for name, value in attributes.items():
                 setattr(opt._reducer, name, value)
         runs[label] = {"model": model, "opt": opt, "batches": batches, "rows": [], "t": 0}
-        if label == "ef-floor":
-            numel = sum(p.numel() for p in model.parameters())
-            runs[label]["grads"] = [flat_views(model, torch.zeros(numel)) for _ in range(2)]
+        if label == "ef-floor":  # two flat buffers cut as the reducer cuts its own
+            layout = FlatLayout(list(model.named_parameters()))
+            runs[label]["grads"] = [
+                [flat[start:end].view_as(p) for p, (start, end) in zip(layout.params,
+                                                                       layout.slices)]
+                for flat in (torch.zeros(layout.numel), torch.zeros(layout.numel))]
 
     def iteration(run, label, keep):
         model, opt = run["model"], run["opt"]
@@ -154,15 +158,6 @@ def worker(args) -> None:
     if hvd.rank() == 0:
         Path(args.worker).write_text(json.dumps(gathered))
     hvd.shutdown()
-
-
-def flat_views(model, flat):
-    """``flat`` cut into one view per parameter, shaped like it (the reducer's layout)."""
-    views, offset = [], 0
-    for p in model.parameters():
-        views.append(flat[offset:offset + p.numel()].view_as(p))
-        offset += p.numel()
-    return views
 
 
 # ---------------------------------------------------------------------------- timeline
