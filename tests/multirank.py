@@ -59,18 +59,18 @@ def run_ranks(target: str, np: int = 2, backend: str = "gloo", kwargs: dict | No
         proc = run_bounded(horovodrun_cmd(np, backend, argv), timeout, cwd=REPO,
                            env={"PYTHONPATH": pythonpath, **(env or {})}, check=False,
                            label=f"{target} on {np} {backend} ranks")
+        output = proc.stdout
+        results = []
+        for rank in range(np):
+            path = out_dir / f"rank{rank}.json"
+            if not path.exists():
+                raise RankFailure(f"{target}: rank {rank} wrote no result (exit code "
+                                  f"{proc.returncode})\n{tail(output)}")
+            results.append(RankResult(rank=rank, **json.loads(path.read_text())))
     except LaunchError as error:
         raise RankFailure(str(error)) from None
-    output = proc.stdout
-
-    results = []
-    for rank in range(np):
-        path = out_dir / f"rank{rank}.json"
-        if not path.exists():
-            raise RankFailure(f"{target}: rank {rank} wrote no result (exit code "
-                              f"{proc.returncode})\n{tail(output)}")
-        results.append(RankResult(rank=rank, **json.loads(path.read_text())))
-    shutil.rmtree(out_dir, ignore_errors=True)
+    finally:  # every exit path, a rank that wrote nothing or a timeout included
+        shutil.rmtree(out_dir, ignore_errors=True)
     failed = [r for r in results if not r.ok]
     if failed and not allow_errors:
         details = "\n".join(f"rank {r.rank}: {r.error_type}: {r.message}" for r in failed)
