@@ -107,10 +107,7 @@ def worker(args) -> None:
         runs[label] = {"model": model, "opt": opt, "batches": batches, "rows": [], "t": 0}
         if label == "ef-floor":  # two flat buffers cut as the reducer cuts its own
             layout = FlatLayout(list(model.named_parameters()))
-            runs[label]["grads"] = [
-                [flat[start:end].view_as(p) for p, (start, end) in zip(layout.params,
-                                                                       layout.slices)]
-                for flat in (torch.zeros(layout.numel), torch.zeros(layout.numel))]
+            runs[label]["grads"] = [layout.views(torch.zeros(layout.numel)) for _ in range(2)]
 
     def iteration(run, label, keep):
         model, opt = run["model"], run["opt"]

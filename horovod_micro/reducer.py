@@ -99,6 +99,11 @@ class FlatLayout:
         self.device = self.params[0].device if self.params else torch.device("cpu")
         self.dtype = flat_dtype(p.dtype for p in self.params)
 
+    def views(self, flat: torch.Tensor) -> list[torch.Tensor]:
+        """Each parameter's slice of the N-sized ``flat``, shaped like the parameter (views,
+        no copy: writes through one land in ``flat``)."""
+        return [flat[start:end].view_as(p) for p, (start, end) in zip(self.params, self.slices)]
+
     def signature(self) -> list[tuple[str, tuple[int, ...], str]]:
         """Names, shapes and dtypes; must be identical on every rank."""
         return [(n, tuple(p.shape), str(p.dtype)) for n, p in zip(self.names, self.params)]
@@ -389,22 +394,21 @@ class SparseReducer:
         always on the first step), keep ``.grad = None`` and take the out-of-place path. With
         ``zero_copy`` off (or switched off by :meth:`_check_views`), every ``.grad``
         becomes None instead."""
-        for p, (start, end), dense in zip(self.layout.params, self.layout.slices,
-                                          self._dense_before):
+        for p, view, dense in zip(self.layout.params, self.layout.views(self.residual),
+                                  self._dense_before):
             if (self.zero_copy and dense and p.dtype == self.residual.dtype
                     and p.requires_grad):
-                p.grad = self.residual[start:end].view_as(p)
+                p.grad = view
             else:
                 p.grad = None
         self._views_version = self.residual._version if self.zero_copy else None
         self._view_accumulations = 0
 
     def _write_back(self) -> None:
-        for p, (start, end) in zip(self.layout.params, self.layout.slices):
+        for p, view in zip(self.layout.params, self.layout.views(self.output)):
             if not p.requires_grad:  # frozen after wrapping: the optimizer must skip it
                 p.grad = None
                 continue
-            view = self.output[start:end].view_as(p)
             if p.dtype != view.dtype:
                 view = view.to(p.dtype)
             p.grad = view

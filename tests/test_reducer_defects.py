@@ -132,6 +132,20 @@ def test_layout_dtype_rule():
     assert FlatLayout([]).dtype == torch.float32
 
 
+def test_layout_views_cut_the_flat_vector_in_name_order():
+    """Each view has its parameter's shape and writes land in the flat vector at that
+    parameter's offset (sizes summed by hand here)."""
+    shapes = [(2, 3), (4,), (1, 1, 5)]
+    layout = FlatLayout([(f"p{i}", torch.nn.Parameter(torch.zeros(s)))
+                         for i, s in enumerate(shapes)])
+    flat = torch.zeros(6 + 4 + 5)
+    views = layout.views(flat)
+    assert [tuple(v.shape) for v in views] == shapes
+    for i, v in enumerate(views):
+        v.fill_(i + 1)
+    assert flat.tolist() == [1.0] * 6 + [2.0] * 4 + [3.0] * 5
+
+
 def test_float64_model_equals_float64_simulation():
     """A float64 model's exchange keeps float64 in every method: equal to a float64
     simulation of n workers to float64 precision (a float32 round trip is 1e-8 off)."""
