@@ -38,6 +38,7 @@ two threads here, so the default run takes about half an hour.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import time
 from collections.abc import Callable, Sequence
@@ -47,6 +48,7 @@ import torch
 from torch.nn import functional as F  # noqa: N812
 
 from horovod_micro.partition import owned_part, part_bounds
+from horovod_micro.reducer import FlatLayout
 from train.data import build_datasets
 from train.models import build_model
 from train.schedule import lr_at, peak_lr
@@ -59,6 +61,14 @@ def as_tensors(dataset) -> tuple[torch.Tensor, torch.Tensor]:
     """A map-style dataset of (image, label) pairs as two stacked tensors."""
     xs, ys = zip(*(dataset[i] for i in range(len(dataset))))
     return torch.stack(xs), torch.tensor([int(y) for y in ys])
+
+
+@functools.cache
+def load(dataset: str, data_dir: str | None, seed: int) -> tuple:
+    """Train and test tensors and the class count, read once per process (every method
+    of a run trains on the same data)."""
+    data = build_datasets(dataset, data_dir, seed=seed)
+    return (*as_tensors(data.train), *as_tensors(data.test), data.num_classes)
 
 
 class Workers:
@@ -111,13 +121,11 @@ def train(method: str, *, n: int, density: float, iters: int, eval_every: int,
           warmup_epochs: float = 0.5, seed: int = 1,
           report: Callable[[str], None] = print) -> dict:
     """One simulated run; returns its accuracy curve and final flat weights."""
-    data = build_datasets(dataset, data_dir, seed=seed)
-    x, y = as_tensors(data.train)
-    test_x, test_y = as_tensors(data.test)
+    x, y, test_x, test_y, num_classes = load(dataset, data_dir, seed)
     torch.manual_seed(seed)
-    model = build_model(model_name, data.num_classes)
-    params = list(model.parameters())
-    numel = sum(p.numel() for p in params)
+    model = build_model(model_name, num_classes)
+    layout = FlatLayout(list(model.named_parameters()))
+    params, numel = layout.params, layout.numel
     peak = peak_lr(lr, batch_size, n)
     momentum = 0.0 if method == "micro-momentum-correction" else MOMENTUM
     optimizer = torch.optim.SGD(params, lr=peak, momentum=momentum,
@@ -139,8 +147,8 @@ def train(method: str, *, n: int, density: float, iters: int, eval_every: int,
             F.cross_entropy(model(x[batch]), y[batch]).backward()
             grads.append(torch.cat([p.grad.reshape(-1) for p in params]))
         merged = workers.merge(grads, it)
-        for p, view in zip(params, merged.split([p.numel() for p in params])):
-            p.grad = view.view_as(p)
+        for p, view in zip(params, layout.views(merged)):
+            p.grad = view
         optimizer.step()
         if (it + 1) % eval_every == 0 or it + 1 == iters:
             accuracy = evaluate(model, test_x, test_y)
