@@ -99,3 +99,26 @@ def test_sparsifier_compress_and_decompress():
                 assert sorted(idx.tolist()) == want and want
         # Random-k: the same coordinates on every rank (shared seed).
         assert r.value["randomk"]["indices"] == results[0].value["randomk"]["indices"]
+
+
+def test_threads_asking_at_once_all_see_every_method():
+    """The first use of the registry imports every method's module; threads that ask
+    meanwhile (n loopback ranks building their compressors at once) wait for the whole
+    list instead of reading the part imported so far. A fresh interpreter, since
+    discovery happens once per process; 8 threads released by a barrier, 5 times."""
+    code = """
+import threading
+from horovod_micro.sparsifiers import registry
+barrier, seen = threading.Barrier(8), []
+def ask():
+    barrier.wait()
+    seen.append(registry.names())
+threads = [threading.Thread(target=ask) for _ in range(8)]
+for t in threads: t.start()
+for t in threads: t.join()
+print(sorted(set(seen)))
+"""
+    for _ in range(5):
+        proc = _python(["-c", code], plugin=True)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.strip() == str([tuple(sorted({*registry.names(), "cyclicblock"}))])

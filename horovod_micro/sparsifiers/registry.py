@@ -19,12 +19,18 @@ from __future__ import annotations
 import importlib
 import os
 import pkgutil
+import threading
 
 PLUGINS_ENV = "HOROVOD_MICRO_PLUGINS"
 DENSE = ("none", "fp16")  # Horovod's own compressors: dense allreduce, no density
 
 _methods: dict[str, type] = {}
 _discovered = False
+# Discovery imports modules, which takes a while: a thread that asks meanwhile (n loopback
+# ranks building their compressors at once) must wait for the whole list, not read half
+# of it. Reentrant, since a module being imported may itself ask for the methods.
+_lock = threading.RLock()
+_discovering = False
 
 
 def register(cls: type) -> type:
@@ -42,10 +48,21 @@ def register(cls: type) -> type:
 
 
 def _discover() -> None:
-    global _discovered
+    global _discovered, _discovering
     if _discovered:
         return
-    _discovered = True
+    with _lock:
+        if _discovered or _discovering:  # done meanwhile, or asked by a module it imports
+            return
+        _discovering = True
+        try:
+            _import_all()
+            _discovered = True
+        finally:
+            _discovering = False
+
+
+def _import_all() -> None:
     package = importlib.import_module(__package__)
     for module in pkgutil.iter_modules(package.__path__):
         importlib.import_module(f"{__package__}.{module.name}")
