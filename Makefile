@@ -6,7 +6,7 @@ HOROVODRUN := $(VENV)/bin/horovodrun
 NP ?= 2
 OUT ?= runs/default
 
-.PHONY: setup run test lint bench-select image image-test image-gpu-check
+.PHONY: setup run test gpu-test lint bench-select image image-test image-gpu-check
 
 setup:
 	@bash tools/setup.sh
@@ -18,8 +18,14 @@ run: setup
 test: setup
 	$(PY) -m pytest -q
 
+# The CUDA path on a GPU machine (gpu_tests/; not in CI, which has no GPU). Horovod must
+# have NCCL: `HOROVOD_GPU_OPERATIONS=NCCL HVM_NCCL=pip make gpu-test` builds it so. A GPU
+# machine without network: tools/gpu-machine.sh.
+gpu-test: setup
+	$(PY) -m pytest -q gpu_tests
+
 lint: setup
-	$(VENV)/bin/ruff check horovod_micro train tests bench
+	$(VENV)/bin/ruff check horovod_micro train tests bench gpu_tests
 
 # The CPU container image (docker/README.md): docker build when a Docker engine answers,
 # else buildah with a local Debian base; image-test rebuilds (cached layers) and runs

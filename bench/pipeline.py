@@ -35,7 +35,15 @@ runs every variant once), so their medians and paired ratios compare like with l
   (the reducer's rule before it learned to clear only the previous support);
 * ``micro-copy``: ``zero_copy=False``, the out-of-place ``a_t`` (on float32 CPU tensors
   added and squared in one native pass, :mod:`horovod_micro.accumulate`);
-* ``micro-copy-unfused``: the same in two torch passes (add, then the norm), as before.
+* ``micro-copy-unfused``: the same in two torch passes (add, then the norm), as before;
+* ``micro-phases``: the defaults with the device synchronised at every phase boundary
+  (``SparseReducer.phase_sync``), so that on a GPU each phase is charged its own kernels;
+  that adds host syncs, so its total is not the step's cost (``micro``'s is).
+
+``--device cuda`` runs the model, the batches and so the reducer on the rank's GPU
+(Horovod's collectives then run on NCCL where Horovod was built with it); every iteration
+synchronises the device after backward and after the step, so the columns are the
+kernels' time, not their launch.
 
 ``--rate`` runs the ranks inside ``bench/netns_run.sh`` (tbf-limited loopback, as root).
 
@@ -67,6 +75,7 @@ VARIANTS = {
     "micro-fullclear": ({}, {"clear_support_only": False}),
     "micro-copy": ({"zero_copy": False}, {}),
     "micro-copy-unfused": ({"zero_copy": False}, {"fused_accumulate": False}),
+    "micro-phases": ({}, {"phase_sync": "device"}),
 }
 SPARSE = [label for label, spec in VARIANTS.items() if spec is not None]
 POOL = 64  # random batches cycled per iteration (bench.common.random_batches)
@@ -89,12 +98,19 @@ def worker(args) -> None:
 
     torch.set_num_threads(1)
     hvd.init()
+    device = torch.device("cpu")
+    sync = None
+    if args.device == "cuda":
+        device = torch.device("cuda", hvd.local_rank())
+        torch.cuda.set_device(device)
+        sync = torch.cuda.synchronize
     torch.manual_seed(100 + hvd.rank())
-    batches = random_batches(args.model, 32, POOL)
+    batches = [(x.to(device), y.to(device))
+               for x, y in random_batches(args.model, args.batch, POOL)]
     runs = {}
     for label in args.variants:
         torch.manual_seed(0)
-        model = build_model(args.model)
+        model = build_model(args.model).to(device)
         base = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         opt = base
         if VARIANTS[label] is not None:
@@ -103,11 +119,12 @@ def worker(args) -> None:
                 base, named_parameters=model.named_parameters(),
                 compression=hvm.Compression.micro(density=args.density), **kwargs)
             for name, value in attributes.items():
-                setattr(opt._reducer, name, value)
+                setattr(opt._reducer, name, sync if value == "device" else value)
         runs[label] = {"model": model, "opt": opt, "batches": batches, "rows": [], "t": 0}
         if label == "ef-floor":  # two flat buffers cut as the reducer cuts its own
             layout = FlatLayout(list(model.named_parameters()))
-            runs[label]["grads"] = [layout.views(torch.zeros(layout.numel)) for _ in range(2)]
+            runs[label]["grads"] = [layout.views(torch.zeros(layout.numel, device=device))
+                                    for _ in range(2)]
 
     def iteration(run, label, keep):
         model, opt = run["model"], run["opt"]
@@ -121,6 +138,8 @@ def worker(args) -> None:
         x, y = run["batches"][run["t"] % POOL]
         run["t"] += 1
         torch.nn.functional.cross_entropy(model(x), y).backward()
+        if sync:
+            sync()
         t1 = time.perf_counter()
         sparse = label in SPARSE
         if sparse:
@@ -136,6 +155,8 @@ def worker(args) -> None:
                 opt.step()
         else:
             opt.step()
+        if sync:
+            sync()
         t3 = time.perf_counter()
         if keep:
             row = {"backward": t1 - t0, "sync": t2 - t1, "step": t3 - t2, "total": t3 - t0}
@@ -215,9 +236,12 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--np", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="cuda: the model and the reducer on each rank's GPU")
     ap.add_argument("--rate", default=None, help="tbf rate of bench/netns_run.sh (as root)")
     ap.add_argument("--cycle-time-ms", type=float, default=None,
-                    help="HOROVOD_CYCLE_TIME for the ranks (Horovod's default: 5 ms)")
+                    help="HOROVOD_CYCLE_TIME for the ranks (Horovod 0.28.1 default: 1 ms)")
     ap.add_argument("--timeline", action="store_true",
                     help="also record HOROVOD_TIMELINE and split the collectives' time")
     ap.add_argument("--json", type=Path, default=None)
@@ -231,6 +255,7 @@ def main() -> None:
         argv = [sys.executable, "-m", "bench.pipeline", "--worker", str(out),
                 "--model", args.model, "--density", str(args.density),
                 "--iters", str(args.iters), "--warmup", str(args.warmup),
+                "--batch", str(args.batch), "--device", args.device,
                 "--variants", *args.variants]
         env = {"PYTHONPATH": str(REPO)}
         if args.cycle_time_ms is not None:
@@ -249,8 +274,9 @@ def main() -> None:
         activities = timeline_activities(timeline) if args.timeline else {}
     res = summarise(per_rank, args.variants)
     iters = args.iters
-    cycle = "5 (default)" if args.cycle_time_ms is None else f"{args.cycle_time_ms:g}"
-    print(f"# {args.model}, d = {args.density}, {args.np} Gloo ranks, link "
+    cycle = "1 (default)" if args.cycle_time_ms is None else f"{args.cycle_time_ms:g}"
+    where = "GPU (NCCL collectives)" if args.device == "cuda" else "Gloo"
+    print(f"# {args.model}, batch {args.batch}, d = {args.density}, {args.np} {where} ranks, link "
           f"{args.rate or 'unlimited'}, Horovod cycle time {cycle} ms; medians of {iters} "
           "interleaved iterations, ms (total: slower rank; phases: rank 0)\n")
     cols = ("total", "compute", "backward", "sync", "step", *PHASES)

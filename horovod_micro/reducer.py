@@ -146,6 +146,9 @@ class SparseReducer:
         # (clear_support_only), and adds then squares in two torch passes (fused_accumulate).
         self.clear_support_only = True
         self.fused_accumulate = True
+        # For benchmarks on a GPU: called at every phase boundary (torch.cuda.synchronize),
+        # so that StepStats.phases charges kernels to their own phase (stats.PhaseClock).
+        self.phase_sync: Callable[[], object] | None = None
 
     def reduce(self, reported: int = OK) -> StepStats:
         """Exchange the current ``.grad`` of every parameter and replace it by the result.
@@ -159,7 +162,7 @@ class SparseReducer:
         ``a_t``, this step's gradient included, and ``.grad`` still shows it; a gradient
         that came in its own tensor is left where it was, with the residual untouched.
         """
-        clock = PhaseClock()
+        clock = PhaseClock(self.phase_sync)
         watching = self._check_views()
         acc, status, in_place, sq_norm = self._error_compensated(watching)
         clock.lap("accumulate")

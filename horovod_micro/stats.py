@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import IO
 
@@ -115,13 +116,23 @@ class StatsLog:
 
 class PhaseClock:
     """Wall time of consecutive phases: ``lap(name)`` charges the time since the previous
-    lap to ``name``. Two ``perf_counter`` reads per phase, so it runs on every step."""
+    lap to ``name``. Two ``perf_counter`` reads per phase, so it runs on every step.
 
-    def __init__(self) -> None:
+    ``sync``: called before every reading (``torch.cuda.synchronize`` in a benchmark on a
+    GPU), so that asynchronous kernels are charged to the phase that launched them rather
+    than to the next one that waits. It adds a host synchronisation per phase, so the
+    reducer leaves it off outside benchmarks."""
+
+    def __init__(self, sync: Callable[[], object] | None = None) -> None:
         self.seconds: dict[str, float] = {}
+        self._sync = sync
+        if sync is not None:
+            sync()
         self._last = time.perf_counter()
 
     def lap(self, name: str) -> None:
+        if self._sync is not None:
+            self._sync()
         now = time.perf_counter()
         self.seconds[name] = self.seconds.get(name, 0.0) + now - self._last
         self._last = now

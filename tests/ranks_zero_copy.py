@@ -22,14 +22,15 @@ def _residual(opt) -> torch.Tensor:
     return opt.state_dict()["horovod_micro"]["residual"]
 
 
-def variants(numel, iterations, seed=0):
+def variants(numel, iterations, seed=0, device="cpu"):
     """The same backward-driven run three ways: zero-copy, ``zero_copy=False``, and
     ``mixed`` (rank 0 zero-copy, the others ``model.zero_grad()``-style None gradients).
     Per variant and iteration: what ``.grad`` held before backward, the exchanged gradient,
-    the residual and the threshold."""
+    the residual and the threshold. ``device``: where the parameter lives (gpu_tests/
+    runs this on CUDA, where Horovod's collectives are NCCL's)."""
     out = {}
     for label in ("zero_copy", "copy", "mixed"):
-        param = torch.nn.Parameter(torch.zeros(numel))
+        param = torch.nn.Parameter(torch.zeros(numel, device=device))
         opt = _optimizer(param, zero_copy=label != "copy")
         records = []
         for t in range(iterations):
@@ -37,8 +38,9 @@ def variants(numel, iterations, seed=0):
             if label == "mixed" and hvd.rank() != 0:
                 param.grad = None
             before = None if param.grad is None else param.grad.tolist()
-            (param * injected_gradient(hvd.rank(), t, numel, seed)).sum().backward()
+            (param * injected_gradient(hvd.rank(), t, numel, seed).to(device)).sum().backward()
             opt.step()
+            assert _residual(opt).device == param.grad.device == param.device
             records.append({"before": before, "grad": param.grad.tolist(),
                             "residual": _residual(opt).tolist(),
                             "threshold": opt.last_stats.threshold,

@@ -21,18 +21,22 @@ from horovod_micro.sparsifiers.base import Reduction
 SPECS = {spec["label"]: spec for spec in ALL_METHODS + VARIANTS}
 
 
-def loopback_traces(n, method, kwargs, op="average", iterations=ITERATIONS):
-    """Per rank: the exchanged gradient, residual and statistics of each iteration."""
+def loopback_traces(n, method, kwargs, op="average", iterations=ITERATIONS, device="cpu"):
+    """Per rank: the exchanged gradient, residual and statistics of each iteration, with
+    the parameter, its gradients and so the reducer's buffers on ``device``
+    (gpu_tests/ runs this on CUDA)."""
 
     def rank_body(comm):
         compression = getattr(hvm.Compression, method)(**kwargs)
-        param = torch.nn.Parameter(torch.zeros(NUMEL))
+        param = torch.nn.Parameter(torch.zeros(NUMEL, device=device))
         reducer = SparseReducer(FlatLayout([("flat", param)]), compression, comm,
                                 Reduction(hvd.Average if op == "average" else hvd.Sum))
         out = []
         for t in range(iterations):
-            param.grad = rank_gradient(comm.rank, t, NUMEL, SEED)
+            param.grad = rank_gradient(comm.rank, t, NUMEL, SEED).to(device)
             stats = reducer.reduce()
+            buffers = {param.grad.device, reducer.residual.device, reducer.output.device}
+            assert buffers == {param.device}, buffers
             out.append(_record(param.grad, stats, reducer.residual))
         return out
 
@@ -43,19 +47,30 @@ def test_specs_cover_every_registered_method():
     assert {s["method"] for s in SPECS.values()} | {"micro"} == set(registry.names())
 
 
+def check_baseline(label, n, device="cpu"):
+    """Method ``label`` on n loopback ranks equals its simulation (computed on the CPU)."""
+    spec = SPECS[label]
+    per_rank = loopback_traces(n, spec["method"], spec["kwargs"], spec["op"], device=device)
+    results = [SimpleNamespace(value={"traces": {label: trace}}) for trace in per_rank]
+    check_traces(results, [spec], n)
+
+
 @pytest.mark.parametrize("n", [2, 3])
 @pytest.mark.parametrize("label", sorted(SPECS))
 def test_baseline_on_loopback_ranks_equals_simulation(label, n):
-    spec = SPECS[label]
-    per_rank = loopback_traces(n, spec["method"], spec["kwargs"], spec["op"])
-    results = [SimpleNamespace(value={"traces": {label: trace}}) for trace in per_rank]
-    check_traces(results, [spec], n)
+    check_baseline(label, n)
 
 
 @pytest.mark.parametrize("controller", ["bounded", "newton", "paper", "scale"])
 @pytest.mark.parametrize("n", [2, 3, 4])
 def test_micro_on_loopback_ranks_equals_simulation(n, controller):
-    per_rank = loopback_traces(n, "micro", {"density": 0.02, "controller": controller})
+    check_micro(n, controller)
+
+
+def check_micro(n, controller, device="cpu"):
+    """MiCRO with ``controller`` on n loopback ranks equals simulate_micro (on the CPU)."""
+    per_rank = loopback_traces(n, "micro", {"density": 0.02, "controller": controller},
+                               device=device)
     grads = [[rank_gradient(r, t, NUMEL, SEED) for r in range(n)] for t in range(ITERATIONS)]
     if controller == "bounded":  # the simulation decides the thresholds from the rule
         sim = simulate_micro(grads, BoundedRule(0.02, NUMEL, n), n)
@@ -101,3 +116,25 @@ def test_loopback_collectives_follow_horovods_semantics():
     assert got[0][2] == got[1][2] == [1.0]
     assert got[0][3] == [0.0, 10.0] and got[0][4] == [1, 1]
     assert got[1][3] == [1.0, 2.0, 11.0, 12.0] and got[1][4] == [2, 2]
+
+
+def test_reducer_synchronises_at_every_phase_boundary_when_asked():
+    """``SparseReducer.phase_sync`` (bench.pipeline's ``micro-phases`` on a GPU) is called
+    once before the step and once at the end of each phase the step times; by default it
+    is off (no extra host synchronisation in training)."""
+
+    def body(comm):
+        param = torch.nn.Parameter(torch.zeros(NUMEL))
+        reducer = SparseReducer(FlatLayout([("flat", param)]), hvm.Compression.micro(0.02),
+                                comm, Reduction(hvd.Average))
+        assert reducer.phase_sync is None
+        calls = []
+        reducer.phase_sync = lambda: calls.append(1)
+        param.grad = rank_gradient(comm.rank, 0, NUMEL, SEED)
+        stats = reducer.reduce()
+        return len(calls), [p for p in stats.phases if p not in ("indices", "values")]
+
+    for calls, laps in LoopbackGroup(2).run(body):
+        assert laps == ["accumulate", "check", "select", "exchange_local", "update",
+                        "write_back"]
+        assert calls == 1 + len(laps)

@@ -31,3 +31,16 @@ def test_phase_clock_splits_a_phase_into_its_collectives():
     assert clock.total == 8.0
     clock.lap("write_back")
     assert list(clock.seconds)[-1] == "write_back" and clock.seconds["write_back"] >= 0.0
+
+
+def test_phase_clock_synchronises_before_every_reading():
+    """``sync`` (``torch.cuda.synchronize`` in a GPU benchmark) runs before the first
+    reading and before every lap, so a phase is charged the kernels it launched."""
+    from horovod_micro.stats import PhaseClock
+
+    calls = []
+    clock = PhaseClock(sync=lambda: calls.append(len(calls)))
+    assert calls == [0]
+    clock.lap("accumulate")
+    clock.lap("check")
+    assert calls == [0, 1, 2] and list(clock.seconds) == ["accumulate", "check"]

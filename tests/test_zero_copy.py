@@ -39,13 +39,20 @@ def test_zero_copy_equals_copy_and_the_simulation(backend, select):
     env = {"HOROVOD_MICRO_SELECT": "torch"} if select == "torch" else {}
     results = run_ranks("ranks_zero_copy:variants", np=2, backend=backend, env=env,
                         kwargs={"numel": NUMEL, "iterations": ITERATIONS, "seed": SEED})
-    grads = [[injected_gradient(r, t, NUMEL, SEED) for r in range(2)]
+    check_variants(results, select == "native")
+
+
+def check_variants(results, native: bool):
+    """``ranks_zero_copy.variants`` on len(results) ranks equals the simulation, with the
+    native selection kernel used or not."""
+    n = len(results)
+    grads = [[injected_gradient(r, t, NUMEL, SEED) for r in range(n)]
              for t in range(ITERATIONS)]
-    sim = simulate_micro(grads, per_rank_thresholds([r.value["zero_copy"] for r in results]), 2)
+    sim = simulate_micro(grads, per_rank_thresholds([r.value["zero_copy"] for r in results]), n)
     for res in results:
         runs = res.value
         for label, records in runs.items():
-            assert all(rec["native"] == (select == "native") for rec in records), label
+            assert all(rec["native"] == native for rec in records), label
             _assert_matches(records, sim, res.rank)
             # Every variant takes exactly the same path through the numbers.
             assert [r["grad"] for r in records] == [r["grad"] for r in runs["copy"]], label
