@@ -216,8 +216,10 @@ class Gathered:
 def gather_indices(comm: Comm, indices: torch.Tensor, status: int, traffic: Traffic,
                    aux: int = 0, role: str = "indices") -> Gathered:
     """Allgather every rank's ``indices`` (1-D, any length, int32 or int64) with a status."""
-    header = torch.tensor([status, indices.numel(), aux], dtype=indices.dtype,
-                          device=indices.device)
+    # Built on the host and copied without waiting for the device (on a GPU a tensor
+    # made with device= would be a blocking copy: a host synchronisation).
+    header = torch.tensor([status, indices.numel(), aux], dtype=indices.dtype).to(
+        indices.device, non_blocking=True)
     block = torch.cat([header, indices])
     start = time.perf_counter()
     gathered = comm.allgather(block, role)

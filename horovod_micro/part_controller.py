@@ -66,10 +66,19 @@ from statistics import NormalDist
 
 import torch
 
-from .selection import ThresholdSelector, count_abs_ge
+from .selection import (
+    ThresholdSelector,
+    count_abs_ge,
+    counts_abs_ge_many,
+    counts_natively,
+)
 
 STATE_VERSION = 2
 LADDER = 2.0 ** (1.0 / 64.0)
+#: Steps above the first count whose counts the torch path reads at once: the upward
+#: search's exponential probe passes step 64 (twice the base threshold) only when the
+#: count there still exceeds the target; beyond it, counts are read one by one.
+UPWARD_WINDOW = 64
 
 
 def start_multiplier(density: float) -> float:
@@ -196,6 +205,12 @@ class PartController:
         # Each count is a pass over the selected values (O(k/n)); the search asks for some
         # steps twice, and the count at ``lo`` is the selection's own size.
         counts = {lo: indices.numel()}
+        if not counts_natively(values):
+            # The torch path (a GPU): each count would be a host synchronisation, so the
+            # counts of every step the search is likely to ask for come in one read.
+            steps = range(lo + 1, (lo + UPWARD_WINDOW if hi is None else hi) + 1)
+            counts.update(zip(steps, counts_abs_ge_many(values,
+                                                        [th0 * LADDER ** j for j in steps])))
 
         def count_at(j: int) -> int:
             if j not in counts:

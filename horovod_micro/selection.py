@@ -65,15 +65,42 @@ def index_dtype(numel: int) -> torch.dtype:
     return torch.int32 if numel <= INT32_MAX else torch.int64
 
 
+def counts_natively(x: torch.Tensor) -> bool:
+    """Whether :func:`count_abs_ge` takes the native kernel for ``x`` (contiguous CPU
+    float32, kernel built, torch path not forced)."""
+    return (_native_select is not None and not forced_torch() and x.device.type == "cpu"
+            and x.dtype == torch.float32 and x.is_contiguous())
+
+
 def count_abs_ge(x: torch.Tensor, threshold: float) -> int:
     """How many entries of ``x`` have ``|x| >= threshold``, without writing any index: the
     native kernel with a zero-capacity buffer on contiguous CPU float32 (it compares in
     float, exactly as :class:`ThresholdSelector` does, so a count here equals the size of
     the selection there), torch ops elsewhere."""
-    if (_native_select is not None and not forced_torch() and x.device.type == "cpu"
-            and x.dtype == torch.float32 and x.is_contiguous()):
+    if counts_natively(x):
         return int(_native_select(x.data_ptr(), x.numel(), threshold, 0, None, 0))
     return int((x.abs() >= threshold).sum())
+
+
+#: Entries of the (thresholds x values) comparison that counts_abs_ge_many builds at once.
+_MANY_CHUNK = 1 << 24
+
+
+def counts_abs_ge_many(x: torch.Tensor, thresholds: list[float],
+                       chunk: int = _MANY_CHUNK) -> list[int]:
+    """``[count_abs_ge(x, t) for t in thresholds]`` with one host read instead of one per
+    threshold: on a GPU every count read is a host synchronisation. The thresholds travel
+    as a tensor of ``x``'s dtype, as a Python threshold is compared in ``x``'s dtype, so
+    each count equals :func:`count_abs_ge`'s. The host-to-device copy of the thresholds is
+    asynchronous (no wait for the device). ``chunk``: the most comparisons made at once."""
+    if not thresholds:
+        return []
+    levels = torch.tensor(thresholds, dtype=x.dtype).to(x.device, non_blocking=True)
+    a = x.abs().unsqueeze(0)
+    rows = max(1, chunk // max(x.numel(), 1))
+    counts = [(a >= levels[i : i + rows].unsqueeze(1)).sum(1)
+              for i in range(0, len(thresholds), rows)]
+    return torch.cat(counts).tolist()
 
 
 class ThresholdSelector:

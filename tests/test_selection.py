@@ -68,3 +68,33 @@ def test_parts_cover_and_rotate():
         owners = sorted(owned_part(r, t, 3) for r in range(3))
         assert owners == [0, 1, 2]  # exclusive: one owner per part, every iteration
     assert [owned_part(0, t, 3) for t in range(4)] == [0, 1, 2, 0]  # rotation
+
+
+def test_counts_read_at_once_equal_counts_read_one_by_one():
+    """The ladder's counts on the torch path (a GPU) come from one comparison matrix and
+    one host read; each must equal the single count, in float32 and float64, with values
+    sitting exactly on a threshold, and when the matrix is cut into chunks."""
+    from horovod_micro.selection import count_abs_ge, counts_abs_ge_many
+
+    g = torch.Generator().manual_seed(3)
+    for dtype in (torch.float32, torch.float64):
+        x = torch.randn(5000, generator=g, dtype=dtype)
+        base = float(x.abs().median())
+        thresholds = [base * 2.0 ** (j / 64) for j in range(-20, 40)]
+        x[:60] = torch.tensor(thresholds, dtype=dtype)  # ties: |x| == threshold counts
+        x[60:120] = -torch.tensor(thresholds, dtype=dtype)
+        want = [count_abs_ge(x, t) for t in thresholds]
+        assert counts_abs_ge_many(x, thresholds) == want
+        assert counts_abs_ge_many(x, thresholds, chunk=3 * x.numel()) == want  # 3 rows
+    assert counts_abs_ge_many(torch.ones(3), []) == []
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_micro_on_the_device_generic_path_equals_simulation(n, monkeypatch):
+    """What a GPU runs, on the CPU: HOROVOD_MICRO_SELECT=torch takes the torch selection
+    and reads the bounded controller's ladder counts at once (counts_abs_ge_many); the
+    exchange must still be the independent simulation's, step for step."""
+    from test_loopback import check_micro
+
+    monkeypatch.setenv("HOROVOD_MICRO_SELECT", "torch")
+    check_micro(n, "bounded")

@@ -100,6 +100,26 @@ batch() {
     done
 }
 
+# Before/after: the same benchmark from BASE_TREE (an older checkout of this repository)
+# and from this one, alternated, two rounds per model; and the older tree's sync census.
+ab() {
+    local model round tree tag
+    [ -d "${BASE_TREE:-}" ] || { echo "BASE_TREE is not a directory"; return 1; }
+    for model in wide_mlp resnet18; do
+        for round in 1 2; do
+            for tree in "$BASE_TREE" "$REPO"; do
+                tag=after
+                [ "$tree" = "$REPO" ] || tag=before
+                (cd "$tree" && "$PY" -m bench.pipeline --device cuda --np 1 --model "$model" \
+                    --iters 60 --warmup 20 --variants compute barrier micro \
+                    --json "$OUT/json/ab_${model}_${tag}${round}.json") || return 1
+            done
+        done
+    done
+    (cd "$BASE_TREE" && "$PY" -m bench.cuda_syncs --np 1 --model wide_mlp \
+        --json "$OUT/json/cuda_syncs_wide_mlp_before.json")
+}
+
 timeline() {
     "$PY" -m bench.pipeline --device cuda --np 1 --model wide_mlp --iters 60 --warmup 20 \
         --variants compute barrier micro --timeline --json "$OUT/json/pipeline_timeline.json"
@@ -117,4 +137,5 @@ for step in "${STEPS[@]}"; do
     if [ "$step" = build ] && [ $rc -ne 0 ]; then break; fi
 done
 tar -C "$OUT" -cf "$OUT/json.tar" json && rm -rf "$OUT/json"
+(cd "$OUT" && tar -cf logs.tar ./*.log && rm -f ./*.log)
 exit $status
