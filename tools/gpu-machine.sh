@@ -120,6 +120,29 @@ ab() {
         --json "$OUT/json/cuda_syncs_wide_mlp_before.json")
 }
 
+# The main job on the GPU: Fashion-MNIST (FMNIST_DIR, default Debian's folder) with MiCRO
+# and with dense allreduce, one rank; the TensorBoard events read back by TensorBoard.
+train() {
+    local c data="${FMNIST_DIR:-/usr/share/datasets/fashion-mnist}"
+    for c in micro none; do
+        horovodrun -np 1 -H localhost:1 --gloo "$PY" -m train --data-dir "$data" \
+            --compressor "$c" --tensorboard --out "/tmp/run-$c" || return 1
+        "$PY" - "/tmp/run-$c" <<'EOF' || return 1
+import json, sys
+from pathlib import Path
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+out = Path(sys.argv[1])
+events = EventAccumulator(str(out / "tensorboard"), size_guidance={"scalars": 0})
+events.Reload()
+acc = {e.step: round(e.value, 4) for e in events.Scalars("epoch/test_accuracy")}
+run = json.loads((out / "run.json").read_text())
+print(out.name, "device", run.get("device"), "test accuracy per epoch (TensorBoard):", acc)
+EOF
+        cp "/tmp/run-$c/summary.json" "$OUT/json/train_${c}_summary.json"
+        cp "/tmp/run-$c/epochs.jsonl" "$OUT/json/train_${c}_epochs.jsonl"
+    done
+}
+
 timeline() {
     "$PY" -m bench.pipeline --device cuda --np 1 --model wide_mlp --iters 60 --warmup 20 \
         --variants compute barrier micro --timeline --json "$OUT/json/pipeline_timeline.json"
