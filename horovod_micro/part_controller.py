@@ -66,12 +66,7 @@ from statistics import NormalDist
 
 import torch
 
-from .selection import (
-    ThresholdSelector,
-    count_abs_ge,
-    counts_abs_ge_many,
-    counts_natively,
-)
+from .selection import ThresholdSelector, count_abs_ge, counts_abs_ge_many, counts_at_once
 
 STATE_VERSION = 2
 LADDER = 2.0 ** (1.0 / 64.0)
@@ -205,9 +200,9 @@ class PartController:
         # Each count is a pass over the selected values (O(k/n)); the search asks for some
         # steps twice, and the count at ``lo`` is the selection's own size.
         counts = {lo: indices.numel()}
-        if not counts_natively(values):
-            # The torch path (a GPU): each count would be a host synchronisation, so the
-            # counts of every step the search is likely to ask for come in one read.
+        if counts_at_once(values):
+            # On a GPU each count would be a host synchronisation, so the counts of every
+            # step the search is likely to ask for come in one read.
             steps = range(lo + 1, (lo + UPWARD_WINDOW if hi is None else hi) + 1)
             counts.update(zip(steps, counts_abs_ge_many(values,
                                                         [th0 * LADDER ** j for j in steps])))
