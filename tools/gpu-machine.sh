@@ -3,12 +3,16 @@
 # network (no pip index): builds Horovod with NCCL from a source tarball brought along,
 # then runs gpu_tests/ and the GPU benchmarks. Logs and results go to OUT.
 #
-#   bash tools/gpu-machine.sh SDIST WHEEL_DIR OUT [build|tests|syncs|pipeline ...]
+#   bash tools/gpu-machine.sh SDIST WHEEL_DIR OUT [STEP ...]
+#
+# STEP: build tests syncs pipeline (the default) or ab cycle batch train timeline, each a
+# function below; ab needs BASE_TREE, train FMNIST_DIR.
 #
 # SDIST: horovod-0.28.1.tar.gz (`pip download --no-deps --no-binary :all: horovod==0.28.1`);
 # WHEEL_DIR: wheels for what the build needs and the machine may lack (cffi, pycparser).
 # The build variables are tools/setup.sh's, with NCCL taken from torch's nvidia-nccl wheel,
-# MPI left out, and kernels for the machine's own compute capability only.
+# MPI left out, and kernels for the machine's own compute capability only. They are
+# written out again here (setup.sh cannot run offline); keep the two lists in step.
 set -uo pipefail
 SDIST=$1 WHEELS=$2 OUT=$3
 shift 3
