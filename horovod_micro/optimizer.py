@@ -48,6 +48,7 @@ from .compression import Compression, is_dense_compressor
 from .consistency import parameter_changes
 from .elastic import ElasticOptimizer
 from .exchange import OK, PARAMS_CHANGED, CollectiveInputError, Comm
+from .momentum import mask_momentum
 from .reducer import FlatLayout, SparseReducer
 from .sparsifiers.base import Reduction, Sparsifier
 from .stats import StepStats, ring_allreduce_bytes
@@ -463,7 +464,18 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                               "optimizer.synchronize() in your code.", stacklevel=2)
             self.synchronize()
         self._synchronized = False
-        return super(self.__class__, self).step(closure)
+        result = super(self.__class__, self).step(closure)
+        self._mask_momentum()
+        return result
+
+    def _mask_momentum(self) -> None:
+        """Momentum masking (:mod:`horovod_micro.momentum`), once per exchange."""
+        reducer = self._reducer
+        if reducer is None or reducer.applied is None:
+            return
+        applied, reducer.applied = reducer.applied, None
+        if reducer.sparsifier.momentum_masking:
+            mask_momentum(self, self._layout.params, self._layout.slices, applied)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         if self._handles or any(self._passes.values()):

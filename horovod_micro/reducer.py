@@ -142,6 +142,9 @@ class SparseReducer:
         # then (see _clear_output): the next step clears only those coordinates.
         self._written: tuple[torch.Tensor, torch.Tensor, int] | None = None
         self.full_clears = 0  # steps that zeroed the whole output (a statistic)
+        # The coordinates the last finite step gave an aggregate (None after a skipped
+        # step): where momentum masking acts once the wrapped optimizer has stepped.
+        self.applied: torch.Tensor | None = None
         # For benchmarks, the rules before: False zeroes the whole output on every step
         # (clear_support_only), and adds then squares in two torch passes (fused_accumulate).
         self.clear_support_only = True
@@ -243,6 +246,7 @@ class SparseReducer:
         self._clear_output()
         self.output.index_copy_(0, applied, reduced.values.to(self.output.dtype))
         self._written = (self.output, applied, self.output._version)
+        self.applied = applied
         self.sparsifier.observe(reduced)
         if not math.isfinite(sq_norm):  # ||a||^2 overflowed on finite entries
             return _norm(acc)
@@ -285,6 +289,7 @@ class SparseReducer:
         Returns the residual's norm."""
         acc = self.residual
         self._written = None
+        self.applied = None
         self.output.fill_(math.nan)
         torch.nan_to_num_(acc, nan=0.0, posinf=0.0, neginf=0.0)
         overflowed = reduced.indices[~torch.isfinite(reduced.values)]

@@ -114,15 +114,24 @@ class Sparsifier:
             gradient (on by default; off reproduces the ablation of Sahu et al.).
         fp16_values: send values as float16 on the wire; residuals keep the flat buffer's
             dtype (float32 or float64).
+        momentum_masking: after each step, clear the wrapped optimizer's momentum buffer
+            at the coordinates that received an aggregate, so that an error-feedback burst
+            is applied once instead of being carried on by the momentum
+            (:mod:`horovod_micro.momentum`). ``None`` takes the method's default
+            (:attr:`masks_momentum`).
     """
 
     name = "sparse"
+    #: The method's default for ``momentum_masking``.
+    masks_momentum = False
 
     def __init__(self, density: float | None, *, error_feedback: bool = True,
-                 fp16_values: bool = False):
+                 fp16_values: bool = False, momentum_masking: bool | None = None):
         self.density = density
         self.error_feedback = error_feedback
         self.fp16_values = fp16_values
+        self.momentum_masking = (self.masks_momentum if momentum_masking is None
+                                 else momentum_masking)
         self.numel = 0
         self.comm: Comm | None = None
 
@@ -130,7 +139,8 @@ class Sparsifier:
     def config(self) -> dict:
         """Everything that must agree across ranks (compared when the optimizer starts)."""
         return {"method": self.name, "density": self.density,
-                "error_feedback": self.error_feedback, "fp16_values": self.fp16_values}
+                "error_feedback": self.error_feedback, "fp16_values": self.fp16_values,
+                "momentum_masking": self.momentum_masking}
 
     def config_error(self) -> str | None:
         """Why this configuration is invalid, or None."""
@@ -138,6 +148,9 @@ class Sparsifier:
         if (isinstance(d, bool) or not isinstance(d, int | float) or not math.isfinite(d)
                 or not 0.0 < d <= 1.0):
             return f"{self.name}: density must be a number in (0, 1], got {d!r}"
+        if not isinstance(self.momentum_masking, bool):
+            return (f"{self.name}: momentum_masking must be True or False, got "
+                    f"{self.momentum_masking!r}")
         return None
 
     def bind_error(self, numel: int) -> str | None:

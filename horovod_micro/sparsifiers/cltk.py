@@ -43,8 +43,9 @@ class CltkCompressor(Sparsifier):
     name = "cltk"
 
     def __init__(self, density: float = 0.001, *, error_feedback: bool = True,
-                 fp16_values: bool = False):
-        super().__init__(density, error_feedback=error_feedback, fp16_values=fp16_values)
+                 fp16_values: bool = False, momentum_masking: bool | None = None):
+        super().__init__(density, error_feedback=error_feedback, fp16_values=fp16_values,
+                         momentum_masking=momentum_masking)
 
     def leader(self, iteration: int) -> int:
         """The rank (in the optimizer's process set) that selects at ``iteration``."""

@@ -98,8 +98,9 @@ class GtopkCompressor(Sparsifier):
     name = "gtopk"
 
     def __init__(self, density: float = 0.001, *, error_feedback: bool = True,
-                 fp16_values: bool = False):
-        super().__init__(density, error_feedback=error_feedback, fp16_values=fp16_values)
+                 fp16_values: bool = False, momentum_masking: bool | None = None):
+        super().__init__(density, error_feedback=error_feedback, fp16_values=fp16_values,
+                         momentum_masking=momentum_masking)
 
     def select(self, acc: torch.Tensor, iteration: int) -> Selection:
         # Only the count is announced; the pairs travel up and down the tree in combine.

@@ -53,15 +53,24 @@ class MicroCompressor(Sparsifier):
             (``"newton"``, ``"paper"``; default ``1 / (2 sqrt(k))``).
         controller: the density controller, one of :data:`CONTROLLERS` (see the module
             docstring; README, "The density controller").
+        momentum_masking: clear the wrapped optimizer's momentum at the coordinates that
+            received an aggregate, after each step (default on; :mod:`horovod_micro.momentum`).
+            Each coordinate is judged by one rank's own accumulation, so coordinates can
+            wait many iterations and arrive as large bursts; momentum would re-apply each
+            burst for about ``1 / (1 - m)`` more steps, which the linearly scaled learning
+            rate of many workers turns into divergence. ``False`` runs the method as
+            published.
         error_feedback, fp16_values: see :class:`~horovod_micro.sparsifiers.base.Sparsifier`.
     """
 
     name = "micro"
+    masks_momentum = True
 
     def __init__(self, density: float = 0.001, *, initial_threshold: float | None = None,
                  controller: str = "bounded", error_feedback: bool = True,
-                 fp16_values: bool = False):
-        super().__init__(density, error_feedback=error_feedback, fp16_values=fp16_values)
+                 fp16_values: bool = False, momentum_masking: bool | None = None):
+        super().__init__(density, error_feedback=error_feedback, fp16_values=fp16_values,
+                         momentum_masking=momentum_masking)
         self.initial_threshold = initial_threshold
         self.controller_name = controller
         self.controller: DensityController | PaperController | PartController | None = None

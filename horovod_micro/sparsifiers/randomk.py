@@ -77,8 +77,9 @@ class RandomkCompressor(Sparsifier):
     name = "randomk"
 
     def __init__(self, density: float = 0.001, *, seed: int = 0, error_feedback: bool = True,
-                 fp16_values: bool = False):
-        super().__init__(density, error_feedback=error_feedback, fp16_values=fp16_values)
+                 fp16_values: bool = False, momentum_masking: bool | None = None):
+        super().__init__(density, error_feedback=error_feedback, fp16_values=fp16_values,
+                         momentum_masking=momentum_masking)
         self.seed = seed
 
     def config(self) -> dict:

@@ -48,8 +48,10 @@ class HardThresholdCompressor(Sparsifier):
     name = "threshold"
 
     def __init__(self, value: float | None = None, density: float | None = None, *,
-                 error_feedback: bool = True, fp16_values: bool = False):
-        super().__init__(density, error_feedback=error_feedback, fp16_values=fp16_values)
+                 error_feedback: bool = True, fp16_values: bool = False,
+                 momentum_masking: bool | None = None):
+        super().__init__(density, error_feedback=error_feedback, fp16_values=fp16_values,
+                         momentum_masking=momentum_masking)
         self.value = value
         self.lam = value
         self._selector = ThresholdSelector()

@@ -73,8 +73,9 @@ class TopkCompressor(Sparsifier):
     name = "topk"
 
     def __init__(self, density: float = 0.001, *, error_feedback: bool = True,
-                 fp16_values: bool = False):
-        super().__init__(density, error_feedback=error_feedback, fp16_values=fp16_values)
+                 fp16_values: bool = False, momentum_masking: bool | None = None):
+        super().__init__(density, error_feedback=error_feedback, fp16_values=fp16_values,
+                         momentum_masking=momentum_masking)
 
     def select(self, acc: torch.Tensor, iteration: int) -> Selection:
         return Selection(topk_indices(acc, self.target_count))

@@ -1,0 +1,319 @@
+"""Accuracy against the number of workers: every method at n = 2 ... 64, equal epochs.
+
+The question a user asks before switching a job of n workers from dense to a sparse
+method: *at my n, does it reach dense's accuracy in the same epochs, and how many bytes
+does each rank send per step?* A cluster of 64 workers is not needed to answer the first
+half: the accuracy depends on what each worker computes and on the rule that merges the
+workers' gradients, not on where the workers run. So one process trains one model:
+
+* each step, the n workers' gradients on their own batches (``batch_size`` each, disjoint
+  shards of one shuffled epoch, as ``DistributedSampler`` gives) are computed at once with
+  ``torch.func.vmap``;
+* a sparse method runs its *real* code: every worker has its own
+  :class:`~horovod_micro.reducer.SparseReducer` (error-feedback residual, the method's
+  selection and density controller) on a :class:`~horovod_micro.loopback.LoopbackGroup`
+  rank, whose collectives have Horovod's semantics in one process; the bytes per step are
+  what each rank's exchange accounts (:class:`~horovod_micro.exchange.Traffic`, ring
+  collectives);
+* the wrapped optimizer (SGD, Nesterov 0.9, weight decay 1e-4, the trainer's linear
+  scaling and warm-up: ``train.schedule``) steps on the aggregate, and momentum masking
+  (:mod:`horovod_micro.momentum`) follows the method's setting, as
+  ``DistributedOptimizer.step`` does.
+
+Methods are the registered ones (``dense`` is the mean gradient), with keyword arguments
+after a colon: ``micro:momentum_masking=False`` is MiCRO as published. Per run the final
+test accuracy (mean of the last three evaluations), the bytes each rank sends per step,
+and a diagnosis of the sparse exchange: the norm of the workers' summed residual, how long
+an applied coordinate had waited, the size of its update, and which fraction of the
+applied coordinates lie in the top k of the workers' summed accumulation.
+
+    .venv/bin/python -m bench.scaling --workers 2 4 8 16 --epochs 3
+    .venv/bin/python -m bench.scaling --workers 32 64 --epochs 12 --lr-cap 0.4 \\
+        --json bench/results/scaling-large.json
+
+Writes ``--json`` (every run, with its curve) and, with ``--figures DIR``,
+``scaling-accuracy.png`` (final accuracy against n, one line per method) and
+``scaling-bytes.png`` (bytes per rank per step against n).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import horovod.torch as hvd
+import torch
+from torch.func import functional_call, grad, vmap
+from torch.nn import functional as F  # noqa: N812
+
+import horovod_micro as hvm
+from horovod_micro.loopback import LoopbackGroup
+from horovod_micro.momentum import mask_momentum
+from horovod_micro.reducer import FlatLayout, SparseReducer
+from horovod_micro.sparsifiers.base import Reduction
+from horovod_micro.stats import ring_allreduce_bytes
+from train.models import build_model
+from train.schedule import lr_at, peak_lr
+
+from .iterations_ablation import evaluate, load
+
+MOMENTUM, WEIGHT_DECAY = 0.9, 1e-4
+DIAGNOSE_EVERY = 5
+
+
+def parse_method(text: str) -> tuple[str, dict]:
+    """``name[:key=value,...]`` -> (name, keyword arguments; values as Python literals)."""
+    name, _, rest = text.partition(":")
+    kwargs = {}
+    for item in filter(None, rest.split(",")):
+        key, _, value = item.partition("=")
+        kwargs[key] = ast.literal_eval(value)
+    return name, kwargs
+
+
+class Gradients:
+    """The n workers' flat gradients of one step, computed together (``vmap``)."""
+
+    def __init__(self, model: torch.nn.Module, layout: FlatLayout):
+        self.model, self.layout = model, layout
+
+        def loss(params, x, y):
+            return F.cross_entropy(functional_call(model, params, (x,)), y)
+
+        self._grads = vmap(grad(loss), in_dims=(None, 0, 0))
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        params = {name: p.detach() for name, p in zip(self.layout.names, self.layout.params)}
+        grads = self._grads(params, x, y)
+        n = x.shape[0]
+        return torch.cat([grads[name].reshape(n, -1) for name in self.layout.names], 1)
+
+
+class Diagnosis:
+    """What the sparse exchange does to the workers' accumulated gradient (rank 0 holds
+    every worker's reducer; read between steps, when no rank is exchanging)."""
+
+    def __init__(self, numel: int, k: int):
+        self.k = k
+        self.last = torch.zeros(numel, dtype=torch.long)
+        self.rows: list[dict] = []
+
+    def record(self, t: int, summed: torch.Tensor, applied: torch.Tensor,
+               aggregate: torch.Tensor, residual_norm: float) -> None:
+        applied = applied.long()
+        waited = (t + 1 - self.last[applied]).double()
+        self.last[applied] = t + 1
+        if t % DIAGNOSE_EVERY:
+            return
+        best = torch.zeros(summed.numel(), dtype=torch.bool)
+        best[summed.abs().topk(min(self.k, summed.numel())).indices] = True
+        self.rows.append({
+            "iteration": t,
+            "summed_residual_norm": residual_norm,
+            "mean_wait": float(waited.mean()) if applied.numel() else 0.0,
+            "max_wait": int(waited.max()) if applied.numel() else 0,
+            "mean_update": float(aggregate[applied].abs().mean()) if applied.numel() else 0.0,
+            "in_summed_topk": float(best[applied].double().mean()) if applied.numel() else 0.0,
+        })
+
+
+def train(method: str, *, n: int, density: float, epochs: float, seed: int = 1,
+          dataset: str = "fashion-mnist", model_name: str = "fmnist_mlp",
+          batch_size: int = 32, lr: float = 0.1, lr_cap: float | None = None,
+          warmup_epochs: float = 0.5, evaluations_per_epoch: int = 8,
+          report=print) -> dict:
+    """One run of ``method`` (``name[:kwargs]``, or ``dense``) with n workers."""
+    x, y, test_x, test_y, num_classes = load(dataset, None, seed)
+    torch.manual_seed(seed)
+    model = build_model(model_name, num_classes)
+    layout = FlatLayout(list(model.named_parameters()))
+    peak = peak_lr(lr, batch_size, n)
+    peak = min(peak, lr_cap) if lr_cap else peak
+    optimizer = torch.optim.SGD(layout.params, lr=peak, momentum=MOMENTUM, nesterov=True,
+                                weight_decay=WEIGHT_DECAY)
+    gradients = Gradients(model, layout)
+    steps_per_epoch = len(x) // (batch_size * n)
+    iters = max(1, round(epochs * steps_per_epoch))
+    eval_every = max(1, steps_per_epoch // evaluations_per_epoch)
+    order = torch.Generator().manual_seed(seed)
+    name, kwargs = parse_method(method)
+    sparse = name != "dense"
+    compressors = [getattr(hvm.Compression, name)(density=density, **kwargs)
+                   for _ in range(n)] if sparse else []
+    curve: list[tuple[int, float]] = []
+    sent: list[int] = []
+    diagnosis = Diagnosis(layout.numel, max(1, int(density * layout.numel)))
+    reducers: list[SparseReducer | None] = [None] * n
+    start = time.perf_counter()
+
+    def batches(it: int, perm: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        step = it % steps_per_epoch
+        idx = perm[step * n * batch_size:(step + 1) * n * batch_size]
+        return (x[idx].view(n, batch_size, *x.shape[1:]), y[idx].view(n, batch_size))
+
+    def apply(it: int, merged: torch.Tensor) -> None:
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(it / steps_per_epoch, peak, n, warmup_epochs, (), 0.1)
+        for p, view in zip(layout.params, layout.views(merged)):
+            p.grad = view.clone()
+        optimizer.step()
+        if (it + 1) % eval_every == 0 or it + 1 == iters:
+            curve.append((it + 1, evaluate(model, test_x, test_y)))
+            report(f"{method} n={n}: iteration {it + 1}/{iters}, test accuracy "
+                   f"{curve[-1][1]:.4f} ({time.perf_counter() - start:.0f} s)")
+
+    if not sparse:
+        for it in range(iters):
+            if it % steps_per_epoch == 0:
+                perm = torch.randperm(len(x), generator=order)
+            apply(it, gradients(*batches(it, perm)).mean(0))
+            sent.append(ring_allreduce_bytes(layout.numel * 4, n)[0])
+    else:
+        group = LoopbackGroup(n, timeout=600.0)
+
+        def rank_body(comm):
+            rank = comm.rank
+            flat = torch.nn.Parameter(torch.zeros(layout.numel))
+            reducer = SparseReducer(FlatLayout([("flat", flat)]), compressors[rank], comm,
+                                    Reduction(hvd.Average))
+            reducers[rank] = reducer
+            perm = None
+            for it in range(iters):
+                grads = summed = None
+                if rank == 0:
+                    if it % steps_per_epoch == 0:
+                        perm = torch.randperm(len(x), generator=order)
+                    grads = gradients(*batches(it, perm))
+                    if it % DIAGNOSE_EVERY == 0:
+                        summed = torch.stack([r.residual for r in reducers]).sum(0)
+                        residual_norm = float(summed.norm())
+                        summed += grads.sum(0)
+                grads = group.share(rank, grads)[0]
+                flat.grad = grads[rank].clone()
+                stats = reducer.reduce()
+                sizes = group.share(rank, stats.bytes_sent)
+                if rank == 0:
+                    sent.append(max(sizes))
+                    if reducer.applied is not None:
+                        applied = reducer.applied
+                        diagnosis.record(it, summed if summed is not None else flat.grad,
+                                         applied, flat.grad,
+                                         residual_norm if summed is not None else 0.0)
+                    apply(it, flat.grad.detach())
+                    if reducer.applied is not None and reducer.sparsifier.momentum_masking:
+                        mask_momentum(optimizer, layout.params, layout.slices, applied)
+                group.share(rank, None)  # the weights are updated before the next step
+
+        group.run(rank_body)
+    final = curve[-3:]
+    return {"method": method, "n": n, "density": density, "epochs": epochs, "seed": seed,
+            "peak_lr": peak, "iterations": iters,
+            "final_accuracy": sum(a for _, a in final) / len(final), "curve": curve,
+            "bytes_per_step": sum(sent) / len(sent), "diagnosis": diagnosis.rows,
+            "seconds": time.perf_counter() - start}
+
+
+def table(runs: Sequence[dict]) -> str:
+    """Final accuracy (mean over seeds) and bytes per rank per step, methods by n."""
+    ns = sorted({r["n"] for r in runs})
+    methods = list(dict.fromkeys(r["method"] for r in runs))
+    lines = ["| method | " + " | ".join(f"n = {n}" for n in ns) + " |",
+             "|---|" + "---:|" * len(ns)]
+    for method in methods:
+        cells = []
+        for n in ns:
+            rs = [r for r in runs if r["method"] == method and r["n"] == n]
+            if not rs:
+                cells.append("")
+                continue
+            acc = sum(r["final_accuracy"] for r in rs) / len(rs)
+            kb = sum(r["bytes_per_step"] for r in rs) / len(rs) / 1e3
+            cells.append(f"{acc:.2%} ({kb:,.0f} KB)")
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def figures(runs: Sequence[dict], out: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    methods = list(dict.fromkeys(r["method"] for r in runs))
+    for key, name, label, log in (("final_accuracy", "scaling-accuracy.png",
+                                   "final test accuracy", False),
+                                  ("bytes_per_step", "scaling-bytes.png",
+                                   "bytes sent per rank per step", True)):
+        fig, ax = plt.subplots(figsize=(6.4, 4.2))
+        for method in methods:
+            ns = sorted({r["n"] for r in runs if r["method"] == method})
+            ys = [sum(r[key] for r in runs if r["method"] == method and r["n"] == n)
+                  / sum(1 for r in runs if r["method"] == method and r["n"] == n) for n in ns]
+            ax.plot(ns, ys, marker="o", label=method)
+        ax.set_xscale("log", base=2)
+        if log:
+            ax.set_yscale("log")
+        ax.set_xlabel("workers n")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out / name, dpi=120)
+        plt.close(fig)
+
+
+DEFAULT_METHODS = ["dense", "micro", "micro:momentum_masking=False", "topk", "gtopk",
+                   "gtopk:momentum_masking=True"]
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--methods", nargs="+", default=DEFAULT_METHODS,
+                   help="dense, or a registered method with optional keyword arguments "
+                        "(micro:momentum_masking=False)")
+    p.add_argument("--workers", type=int, nargs="+", default=[2, 4, 8, 16])
+    p.add_argument("--density", type=float, default=0.01)
+    p.add_argument("--epochs", type=float, default=3.0)
+    p.add_argument("--lr-cap", type=float, default=None,
+                   help="cap the linearly scaled peak lr (large n)")
+    p.add_argument("--seeds", type=int, nargs="+", default=[1])
+    p.add_argument("--dataset", default="fashion-mnist")
+    p.add_argument("--model", default="fmnist_mlp")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--figures", type=Path, default=None)
+    p.add_argument("--quiet", action="store_true")
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    runs = []
+    previous = json.loads(args.json.read_text())["runs"] if args.json and args.json.exists() \
+        else []
+    for seed in args.seeds:
+        for n in args.workers:
+            for method in args.methods:
+                done = [r for r in previous if (r["method"], r["n"], r["seed"],
+                                                r["density"], r["epochs"])
+                        == (method, n, seed, args.density, args.epochs)]
+                run = done[0] if done else train(
+                    method, n=n, density=args.density, epochs=args.epochs, seed=seed,
+                    dataset=args.dataset, model_name=args.model, lr_cap=args.lr_cap,
+                    report=(lambda _: None) if args.quiet else print)
+                runs.append(run)
+                print(f"{method} n={n} seed={seed}: final {run['final_accuracy']:.2%}, "
+                      f"{run['bytes_per_step'] / 1e3:,.1f} KB/step/rank "
+                      f"({run['seconds']:.0f} s)", flush=True)
+                if args.json:
+                    keep = [r for r in previous if r not in done] + [run]
+                    previous = keep
+                    args.json.write_text(json.dumps({"runs": previous}, indent=1) + "\n")
+    print(table(runs))
+    if args.figures:
+        figures(runs, args.figures)
+
+
+if __name__ == "__main__":
+    main()

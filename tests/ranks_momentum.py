@@ -1,0 +1,51 @@
+"""Rank bodies for the momentum-masking tests (run by multirank.run_ranks on real ranks)."""
+
+from __future__ import annotations
+
+import horovod.torch as hvd
+import torch
+
+import horovod_micro as hvm
+
+LR, MOMENTUM, WEIGHT_DECAY = 0.05, 0.9, 1e-3
+
+
+def masked_steps(method="micro", density=0.05, iterations=8, masking=None, nesterov=True,
+                 seed=0):
+    """Train a two-layer MLP; per step, what the independent check needs: the weights and
+    momentum buffers before the step, the aggregate the wrapped optimizer received, and
+    the weights and buffers after it (flat lists, parameters in name order)."""
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.ReLU(),
+                                torch.nn.Linear(16, 3))
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    kwargs = {} if masking is None else {"momentum_masking": masking}
+    base = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM, nesterov=nesterov,
+                           weight_decay=WEIGHT_DECAY)
+    opt = hvm.DistributedOptimizer(base, named_parameters=model.named_parameters(),
+                                   compression=getattr(hvm.Compression, method)(
+                                       density=density, **kwargs))
+    params = [p for _, p in sorted(model.named_parameters())]
+
+    def flat(tensors):
+        return torch.cat([t.detach().reshape(-1) for t in tensors]).tolist()
+
+    def buffers():
+        return flat(opt.state[p].get("momentum_buffer", torch.zeros_like(p)) for p in params)
+
+    gen = torch.Generator().manual_seed(100 + hvd.rank())
+    steps = []
+    for _ in range(iterations):
+        x = torch.randn(16, 12, generator=gen)
+        y = torch.randint(0, 3, (16,), generator=gen)
+        before = {"weights": flat(params), "buffers": buffers()}
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.synchronize()
+        aggregate = flat(p.grad for p in params)
+        with opt.skip_synchronize():
+            opt.step()
+        steps.append({**{f"{k}_before": v for k, v in before.items()},
+                      "aggregate": aggregate, "weights": flat(params), "buffers": buffers(),
+                      "applied": opt.last_stats.global_count})
+    return {"steps": steps, "masking": opt.compression.momentum_masking}

@@ -1,0 +1,78 @@
+"""Momentum masking on real ranks (Gloo and MPI): after each step the wrapped optimizer's
+momentum buffer is zero exactly where the sparse aggregate arrived, and every other
+coordinate follows torch's SGD. Checked against a plain recomputation of the SGD update
+from the logged weights, buffers and aggregate, not against the code under test."""
+
+import pytest
+import torch
+from multirank import run_ranks
+from ranks_momentum import LR, MOMENTUM, WEIGHT_DECAY
+
+import horovod_micro as hvm
+from horovod_micro.momentum import mask_momentum
+
+
+def expected_step(step, nesterov, masking):
+    """torch.optim.SGD's update (momentum, dampening 0, weight decay), then the mask."""
+    w = torch.tensor(step["weights_before"], dtype=torch.float64)
+    buf = torch.tensor(step["buffers_before"], dtype=torch.float64)
+    g = torch.tensor(step["aggregate"], dtype=torch.float64)
+    d = g + WEIGHT_DECAY * w
+    first = not buf.any()
+    buf = d.clone() if first else MOMENTUM * buf + d
+    update = d + MOMENTUM * buf if nesterov else buf
+    w = w - LR * update
+    if masking:
+        buf[g != 0] = 0.0
+    return w, buf
+
+
+@pytest.mark.parametrize("backend,np,method,masking,nesterov", [
+    ("gloo", 2, "micro", None, True),      # MiCRO masks by default
+    ("gloo", 3, "micro", None, False),
+    ("mpi", 2, "micro", None, True),
+    ("gloo", 2, "micro", False, True),     # as published: the momentum keeps the burst
+    ("gloo", 2, "topk", None, True),       # the baselines keep theirs by default
+    ("gloo", 2, "gtopk", True, True),
+])
+def test_momentum_is_cleared_where_the_aggregate_arrived(backend, np, method, masking,
+                                                         nesterov):
+    results = run_ranks("ranks_momentum:masked_steps", np=np, backend=backend,
+                        kwargs={"method": method, "masking": masking,
+                                "nesterov": nesterov})
+    expected_masking = method == "micro" if masking is None else masking
+    first = results[0].value
+    assert first["masking"] is expected_masking
+    for r in results[1:]:  # identical weights and buffers on every rank
+        assert r.value["steps"] == first["steps"]
+    masked_somewhere = False
+    for step in first["steps"]:
+        w, buf = expected_step(step, nesterov, expected_masking)
+        assert torch.tensor(step["weights"], dtype=torch.float64) == pytest.approx(
+            w, rel=1e-5, abs=1e-6)
+        assert torch.tensor(step["buffers"], dtype=torch.float64) == pytest.approx(
+            buf, rel=1e-5, abs=1e-6)
+        arrived = torch.tensor(step["aggregate"]) != 0
+        assert 0 < int(arrived.sum()) <= step["applied"]
+        zero = torch.tensor(step["buffers"])[arrived] == 0
+        masked_somewhere |= bool(zero.all())
+    assert masked_somewhere is expected_masking
+
+
+def test_mask_splits_flat_indices_by_parameter():
+    a, b = torch.nn.Parameter(torch.zeros(2, 3)), torch.nn.Parameter(torch.zeros(4))
+    opt = torch.optim.SGD([a, b], lr=0.1, momentum=0.9)
+    opt.state[a]["momentum_buffer"] = torch.ones(2, 3)
+    opt.state[b]["momentum_buffer"] = torch.ones(4)
+    assert mask_momentum(opt, [a, b], [(0, 6), (6, 10)], torch.tensor([9, 0, 5, 7])) == 2
+    assert opt.state[a]["momentum_buffer"].reshape(-1).tolist() == [0, 1, 1, 1, 1, 0]
+    assert opt.state[b]["momentum_buffer"].tolist() == [1, 0, 1, 0]
+
+
+def test_momentum_masking_is_a_checked_setting():
+    assert hvm.Compression.micro(0.01).momentum_masking is True
+    assert hvm.Compression.topk(0.01).momentum_masking is False
+    assert hvm.Compression.micro(0.01, momentum_masking=False).config()[
+        "momentum_masking"] is False
+    with pytest.raises(ValueError, match="momentum_masking"):
+        hvm.Compression.micro(0.01, momentum_masking="yes")
