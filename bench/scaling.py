@@ -204,7 +204,7 @@ def train(method: str, *, n: int, density: float, epochs: float, seed: int = 1,
                                          applied, flat.grad,
                                          residual_norm if summed is not None else 0.0)
                     apply(it, flat.grad.detach())
-                    if reducer.applied is not None and reducer.sparsifier.momentum_masking:
+                    if reducer.applied is not None and reducer.sparsifier.masks(n):
                         mask_momentum(optimizer, layout.params, layout.slices, applied)
                 group.share(rank, None)  # the weights are updated before the next step
 

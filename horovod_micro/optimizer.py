@@ -474,7 +474,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if reducer is None or reducer.applied is None:
             return
         applied, reducer.applied = reducer.applied, None
-        if reducer.sparsifier.momentum_masking:
+        if reducer.sparsifier.masks(reducer.comm.size):
             mask_momentum(self, self._layout.params, self._layout.slices, applied)
 
     def zero_grad(self, set_to_none: bool = True) -> None:

@@ -49,6 +49,22 @@ def _load_native():
 _native_select, _native_select_values = _load_native()
 
 
+def _load_drift():
+    """``hvm_select_drift_values`` from the built kernel, or None."""
+    lib = native_library()
+    if lib is None or not hasattr(lib, "hvm_select_drift_values"):
+        return None
+    fn = lib.hvm_select_drift_values
+    fn.restype = ctypes.c_int64
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_float,
+                   ctypes.c_int64, ctypes.c_float, ctypes.c_int64, ctypes.c_void_p,
+                   ctypes.c_void_p, ctypes.c_int64]
+    return fn
+
+
+_native_drift = _load_drift()
+
+
 def forced_torch() -> bool:
     """``HOROVOD_MICRO_SELECT=torch`` forces the device-generic torch path on the CPU: the
     path a CUDA tensor takes, so tests exercise it on machines without a GPU."""
@@ -158,4 +174,72 @@ class ThresholdSelector:
                                        buffer.data_ptr(), self.capacity)
             if count <= self.capacity:
                 return buffer[:count], None if out is None else out[:count]
+            self.capacity = int(count * 1.5) + 1
+
+
+def drift_scores(segment: torch.Tensor, last: torch.Tensor, now: int,
+                 wait: float) -> torch.Tensor:
+    """``segment * sqrt(wait / (now - last))`` (signed), in ``segment``'s dtype: the score
+    :class:`DriftSelector` judges, computed as the native kernel does (``wait / age``,
+    its square root, times ``segment``), which computes it for its candidates only."""
+    age = (now - last).to(segment.dtype)
+    w = torch.tensor(wait, dtype=segment.dtype, device=segment.device)
+    return segment * torch.sqrt(w / age)
+
+
+class DriftSelector(ThresholdSelector):
+    """MiCRO's default judge: in the owned part, ``|a_i| * sqrt(wait / age_i) >= t``.
+
+    ``age_i`` counts the iterations coordinate i has been accumulating in the residual
+    since it was last applied (``now - last[i]``, the same on every rank), ``wait`` is the
+    mean wait at the target density (``1 / d``, or the iterations so far while fewer), so a
+    coordinate of average age scores its plain ``|a_i|``. A residual that grows because
+    the gradient keeps its sign grows like its age, a random walk of noise only like the
+    square root of it: the score ranks the first above the second, which one worker's
+    ``|a_i|`` alone cannot (its noise is that of one worker's batches, while the value
+    applied is the sum over all workers).
+
+    :meth:`bind` names this step's part (a view of ``a_t``) with its ages; passes over that
+    view judge the score and return it as the selected values, so the density controller's
+    ladder (counts among the selected values) works unchanged. Any other tensor, such as
+    those values, is selected on ``|x|`` as :class:`ThresholdSelector` does.
+    """
+
+    def __init__(self, capacity: int = 1024, use_native: bool = True):
+        super().__init__(capacity, use_native)
+        self._part: tuple[int, int, torch.Tensor, int, float] | None = None
+
+    def bind(self, part: torch.Tensor, last: torch.Tensor, now: int, wait: float) -> None:
+        self._part = (part.data_ptr(), part.numel(), last, now, wait)
+
+    def _judged(self, segment: torch.Tensor) -> bool:
+        p = self._part
+        return p is not None and segment.data_ptr() == p[0] and segment.numel() == p[1]
+
+    def __call__(self, segment, threshold, offset, numel):
+        if self._judged(segment):
+            return self.with_values(segment, threshold, offset, numel)[0]
+        return super().__call__(segment, threshold, offset, numel)
+
+    def with_values(self, segment, threshold, offset, numel):
+        if not self._judged(segment):
+            return super().with_values(segment, threshold, offset, numel)
+        _, _, last, now, wait = self._part
+        if self._takes_native(segment, numel) and _native_drift is not None \
+                and last.is_contiguous():
+            return self._native_drift(segment, last, now, wait, threshold, offset)
+        scores = drift_scores(segment, last, now, wait)
+        selected = torch.nonzero(scores.abs() >= threshold).view(-1)
+        return (selected + offset).to(index_dtype(numel)), scores.index_select(0, selected)
+
+    def _native_drift(self, segment, last, now, wait, threshold, offset):
+        n = segment.numel()
+        while True:
+            buffer = torch.empty(self.capacity, dtype=torch.int32)
+            out = torch.empty(self.capacity, dtype=torch.float32)
+            count = _native_drift(segment.data_ptr(), last.data_ptr(), now, wait, n,
+                                  threshold, offset, buffer.data_ptr(), out.data_ptr(),
+                                  self.capacity)
+            if count <= self.capacity:
+                return buffer[:count], out[:count]
             self.capacity = int(count * 1.5) + 1

@@ -52,10 +52,12 @@ def compressor(mode: str, density: float):
         return hvd.Compression.none
     if mode == "fp16":
         return hvd.Compression.fp16
+    # The published judge: these references simulate |a| >= threshold (the drift judge
+    # has its own tests against the simulation: test_loopback, test_micro_exchange).
     if mode == "micro":
-        return hvm.Compression.micro(density=density)
+        return hvm.Compression.micro(density=density, judge="magnitude")
     if mode == "micro_fp16":
-        return hvm.Compression.micro(density=density, fp16_values=True)
+        return hvm.Compression.micro(density=density, fp16_values=True, judge="magnitude")
     raise ValueError(f"unknown mode {mode!r}")
 
 

@@ -21,12 +21,12 @@ def _flat_param_optimizer(numel, compression, **kwargs):
 
 def exchange_trace(numel, iterations, density, seed=0, skew=0.0, op="average",
                    initial_threshold=None, fp16_values=False, error_feedback=True,
-                   controller="bounded", plateau=0.0):
+                   controller="bounded", plateau=0.0, judge=None):
     """Per iteration: exchanged gradient, threshold, counts, residual, bytes, and the
     controller's state after the step."""
     compression = hvm.Compression.micro(density=density, initial_threshold=initial_threshold,
                                         fp16_values=fp16_values, error_feedback=error_feedback,
-                                        controller=controller)
+                                        controller=controller, judge=judge)
     opt, param = _flat_param_optimizer(numel, compression,
                                        op=hvd.Average if op == "average" else hvd.Sum)
     trace = []

@@ -48,4 +48,4 @@ def masked_steps(method="micro", density=0.05, iterations=8, masking=None, neste
         steps.append({**{f"{k}_before": v for k, v in before.items()},
                       "aggregate": aggregate, "weights": flat(params), "buffers": buffers(),
                       "applied": opt.last_stats.global_count})
-    return {"steps": steps, "masking": opt.compression.momentum_masking}
+    return {"steps": steps, "masking": opt.compression.masks(hvd.size())}

@@ -118,9 +118,17 @@ def contiguous_parts(numel: int, n: int) -> list[tuple[int, int]]:
     return bounds
 
 
+def drift_score(acc: torch.Tensor, age: torch.Tensor, wait: float) -> torch.Tensor:
+    """MiCRO's drift judge stated plainly: ``|a| * sqrt(wait / age)``, in ``acc``'s dtype
+    (float32 arithmetic for float32: ``wait / age``, its square root, times ``|a|``)."""
+    w = torch.tensor(wait, dtype=acc.dtype)
+    return acc.abs() * torch.sqrt(w / age.to(acc.dtype))
+
+
 def simulate_micro(grads: list[list[torch.Tensor]], thresholds, n: int,
                    average: bool = True, error_feedback: bool = True,
-                   probe: float = 1.25, wire=identity) -> list[dict]:
+                   probe: float = 1.25, wire=identity, judge: str = "magnitude",
+                   density: float | None = None) -> list[dict]:
     """MiCRO on n simulated workers. ``grads[t][r]`` is rank r's gradient at iteration t
     (any float dtype: the residuals and the result take it).
 
@@ -133,24 +141,35 @@ def simulate_micro(grads: list[list[torch.Tensor]], thresholds, n: int,
     residual after the exchange, how many selected entries reach ``probe`` times the
     threshold (what the density controller measures its slope from), and whether the step
     was finite (:func:`exchange_outcome`).
+
+    ``judge="drift"`` (needs ``density``): the owner selects ``|a| sqrt(wait / age) >=
+    threshold`` instead, where ``age`` counts the iterations since each coordinate was
+    last applied (a finite step that aggregated it) and ``wait = min(1 / density, t + 1)``.
     """
     numel = grads[0][0].numel()
     parts = contiguous_parts(numel, n)
     residual = [torch.zeros(numel, dtype=grads[0][0].dtype) for _ in range(n)]
     history = []
     rule = thresholds if isinstance(thresholds, BoundedRule) else None
+    if rule:
+        density = rule.density
+    applied_at = torch.zeros(numel, dtype=torch.long)  # iteration after the last application
     for t in range(len(grads) if rule else len(thresholds)):
         acc = [(residual[r] if error_feedback else 0) + grads[t][r] for r in range(n)]
+        age = t + 1 - applied_at
+        wait = min(1.0 / density, float(t + 1)) if judge == "drift" else None
+        judged = ([drift_score(a, age, wait) for a in acc] if judge == "drift"
+                  else [a.abs() for a in acc])
         if rule:
-            threshold = [rule.threshold(t, r, acc[r], parts) for r in range(n)]
+            threshold = [rule.threshold(t, r, acc[r], parts, judged[r]) for r in range(n)]
         else:
             threshold = thresholds[t]
         per_rank = threshold if isinstance(threshold, list | tuple) else [threshold] * n
         selections = []
         for r in range(n):
             start, end = parts[(t + r) % n]
-            local = torch.nonzero(acc[r][start:end].abs() >= per_rank[r]).view(-1) + start
-            selections.append(local)
+            hits = judged[r][start:end] >= per_rank[r]
+            selections.append(torch.nonzero(hits).view(-1) + start)
         if rule:
             rule.observe([len(s) for s in selections])
         above_probe = sum(int((acc[r][sel].abs() >= per_rank[r] * probe).sum())
@@ -159,6 +178,8 @@ def simulate_micro(grads: list[list[torch.Tensor]], thresholds, n: int,
         summed = allreduce_sum([acc[r][union] for r in range(n)], wire)
         out, residual, finite = exchange_outcome(acc, union, summed / n if average else summed,
                                                  [union] * n, wire, error_feedback)
+        if finite:
+            applied_at[union] = t + 1
         history.append({"grad": out, "selections": selections, "above_probe": above_probe,
                         "thresholds": per_rank,
                         "residual": [x.clone() for x in residual], "finite": finite})
@@ -192,6 +213,7 @@ class BoundedRule:
         from statistics import NormalDist
 
         self.k = math.floor(density * numel)
+        self.density = density
         self.numel, self.n = numel, n
         self.log_m = [math.log(NormalDist().inv_cdf(1 - density / 2))] * n
         self.excess = 0.0
@@ -203,12 +225,15 @@ class BoundedRule:
         factor = min(max(1.0 - 0.2 * self.excess, 0.5), 1.5)
         return max(self.k * factor * part_size / self.numel, 1.0)
 
-    def threshold(self, t: int, r: int, acc: torch.Tensor, parts) -> float:
+    def threshold(self, t: int, r: int, acc: torch.Tensor, parts,
+                  judged: torch.Tensor | None = None) -> float:
+        """Rank r's threshold; ``judged``: what the owner ranks (``|a|``, or the drift
+        score), while the scale stays ``rms(a)``."""
         if r == 0:
             self.reports, self.parts = [], []
         p = (t + r) % self.n
         start, end = parts[p]
-        values = acc[start:end].abs()
+        values = (acc.abs() if judged is None else judged)[start:end]
         base = math.exp(self.log_m[p]) * math.sqrt(float(acc.double().pow(2).sum()) / acc.numel())
         target = self.target(end - start)
 

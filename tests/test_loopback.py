@@ -67,13 +67,29 @@ def test_micro_on_loopback_ranks_equals_simulation(n, controller):
     check_micro(n, controller)
 
 
-def check_micro(n, controller, device="cpu"):
-    """MiCRO with ``controller`` on n loopback ranks equals simulate_micro (on the CPU)."""
-    per_rank = loopback_traces(n, "micro", {"density": 0.02, "controller": controller},
-                               device=device)
+@pytest.mark.parametrize("controller", ["bounded", "scale"])
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_micro_magnitude_judge_on_loopback_ranks_equals_simulation(n, controller):
+    check_micro(n, controller, judge="magnitude")
+
+
+@pytest.mark.parametrize("n", [8])
+def test_micro_drift_judge_at_eight_ranks_equals_simulation(n):
+    check_micro(n, "bounded")
+
+
+def check_micro(n, controller, device="cpu", judge=None):
+    """MiCRO with ``controller`` (and ``judge``; None: the controller's default) on n
+    loopback ranks equals simulate_micro (on the CPU)."""
+    kwargs = {"density": 0.02, "controller": controller}
+    if judge is not None:
+        kwargs["judge"] = judge
+    judge = hvm.Compression.micro(**kwargs).judge
+    per_rank = loopback_traces(n, "micro", kwargs, device=device)
     grads = [[rank_gradient(r, t, NUMEL, SEED) for r in range(n)] for t in range(ITERATIONS)]
+    common = {"judge": judge, "density": 0.02}
     if controller == "bounded":  # the simulation decides the thresholds from the rule
-        sim = simulate_micro(grads, BoundedRule(0.02, NUMEL, n), n)
+        sim = simulate_micro(grads, BoundedRule(0.02, NUMEL, n), n, **common)
         thresholds = [step["thresholds"] for step in sim]
         for r, trace in enumerate(per_rank):
             assert [s["threshold"] for s in trace] == pytest.approx(
@@ -82,7 +98,7 @@ def check_micro(n, controller, device="cpu"):
         thresholds = [[trace[t]["threshold"] for trace in per_rank] for t in range(ITERATIONS)]
         if controller != "scale":
             assert all(len(set(step)) == 1 for step in thresholds)
-        sim = simulate_micro(grads, thresholds, n)
+        sim = simulate_micro(grads, thresholds, n, **common)
     for r, trace in enumerate(per_rank):
         for t, step in enumerate(trace):
             torch.testing.assert_close(torch.tensor(step["grad"]), sim[t]["grad"])

@@ -17,7 +17,7 @@ from horovod_micro.density_controller import DensityController
 
 def _check_against_simulation(results, n, numel, iterations, seed, skew, average=True,
                               error_feedback=True, rtol=1e-5, atol=1e-7, wire=identity,
-                              plateau=0.0, rule=None):
+                              plateau=0.0, rule=None, judge="drift"):
     """The default controller: the simulation decides every rank's threshold itself from
     the rule's definition (simulation.BoundedRule); the ranks' thresholds must match it."""
     traces = [r.value for r in results]
@@ -27,7 +27,7 @@ def _check_against_simulation(results, n, numel, iterations, seed, skew, average
     grads = [[rank_gradient(r, t, numel, seed, skew, plateau=plateau) for r in range(n)]
              for t in range(iterations)]
     sim = simulate_micro(grads, rule or BoundedRule(0.02, numel, n), n, average=average,
-                         error_feedback=error_feedback, wire=wire)
+                         error_feedback=error_feedback, wire=wire, judge=judge)
     for t in range(iterations):
         for r in range(n):
             assert traces[r][t]["threshold"] == pytest.approx(sim[t]["thresholds"][r],
@@ -96,14 +96,16 @@ def test_exchange_equals_simulation(np_, backend, skew):
 def test_a_cliff_is_cut_at_the_target(np_, backend):
     """A tenth of the entries within 0.01 % of each other (a cliff in the count, as error
     feedback makes on ResNet-18 at d = 0.001): where no ladder step comes within 10 % of a
-    part's target, the owner cuts at the round(target)-th largest |a|, as the rule says."""
+    part's target, the owner cuts at the round(target)-th largest |a|, as the rule says.
+    Judged by magnitude, where the plateau in |a| is a plateau of what is judged (the drift
+    judge spreads it by the coordinates' ages)."""
     numel, iterations, seed = 1003, 8, 3
     results = run_ranks("ranks_micro:exchange_trace", np=np_, backend=backend,
                         kwargs={"numel": numel, "iterations": iterations, "density": 0.02,
-                                "seed": seed, "plateau": 0.1})
+                                "seed": seed, "plateau": 0.1, "judge": "magnitude"})
     rule = BoundedRule(0.02, numel, np_)
     traces = _check_against_simulation(results, np_, numel, iterations, seed, 0.0,
-                                       plateau=0.1, rule=rule)
+                                       plateau=0.1, rule=rule, judge="magnitude")
     assert rule.exact_cuts >= 2  # the cliff was met, and cut, more than once
     # Every count stayed within 25 % of the target k = 20 (0.02 x 1003).
     assert all(15 <= t["global_count"] <= 25 for t in traces[0][1:])

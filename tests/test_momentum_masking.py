@@ -28,11 +28,13 @@ def expected_step(step, nesterov, masking):
 
 
 @pytest.mark.parametrize("backend,np,method,masking,nesterov", [
-    ("gloo", 2, "micro", None, True),      # MiCRO masks by default
-    ("gloo", 3, "micro", None, False),
-    ("mpi", 2, "micro", None, True),
-    ("gloo", 2, "micro", False, True),     # as published: the momentum keeps the burst
-    ("gloo", 2, "topk", None, True),       # the baselines keep theirs by default
+    ("gloo", 2, "micro", True, True),
+    ("gloo", 3, "micro", True, False),
+    ("mpi", 2, "micro", True, True),
+    ("gloo", 8, "micro", None, True),      # MiCRO's default: on from 8 ranks
+    ("gloo", 2, "micro", None, True),      # and off below
+    ("gloo", 8, "micro", False, True),     # as published: the momentum keeps the burst
+    ("gloo", 2, "topk", None, True),       # the baselines never mask by default
     ("gloo", 2, "gtopk", True, True),
 ])
 def test_momentum_is_cleared_where_the_aggregate_arrived(backend, np, method, masking,
@@ -40,7 +42,7 @@ def test_momentum_is_cleared_where_the_aggregate_arrived(backend, np, method, ma
     results = run_ranks("ranks_momentum:masked_steps", np=np, backend=backend,
                         kwargs={"method": method, "masking": masking,
                                 "nesterov": nesterov})
-    expected_masking = method == "micro" if masking is None else masking
+    expected_masking = (method == "micro" and np >= 8) if masking is None else masking
     first = results[0].value
     assert first["masking"] is expected_masking
     for r in results[1:]:  # identical weights and buffers on every rank
@@ -70,9 +72,15 @@ def test_mask_splits_flat_indices_by_parameter():
 
 
 def test_momentum_masking_is_a_checked_setting():
-    assert hvm.Compression.micro(0.01).momentum_masking is True
-    assert hvm.Compression.topk(0.01).momentum_masking is False
-    assert hvm.Compression.micro(0.01, momentum_masking=False).config()[
-        "momentum_masking"] is False
+    micro, topk = hvm.Compression.micro(0.01), hvm.Compression.topk(0.01)
+    assert [micro.masks(n) for n in (1, 2, 4, 7, 8, 16)] == [False] * 4 + [True] * 2
+    assert not any(topk.masks(n) for n in (2, 8, 64))
+    assert hvm.Compression.topk(0.01, momentum_masking=True).masks(2)
+    assert not hvm.Compression.micro(0.01, momentum_masking=False).masks(64)
+    # In the configuration only where it can act (older states compare equal otherwise).
+    assert micro.config()["momentum_masking"] == "auto"
+    assert "momentum_masking" not in topk.config()
+    assert "momentum_masking" not in hvm.Compression.micro(
+        0.01, momentum_masking=False).config()
     with pytest.raises(ValueError, match="momentum_masking"):
         hvm.Compression.micro(0.01, momentum_masking="yes")

@@ -62,7 +62,9 @@ def simulate(spec, n, grads, traces):
     method, numel = spec["method"], grads[0][0].numel()
     k = math.floor(kw.get("density", DENSITY) * numel)
     if method == "micro":
-        return simulate_micro(grads, per_rank_thresholds(traces), n, **common)
+        return simulate_micro(grads, per_rank_thresholds(traces), n,
+                              judge=kw.get("judge", "drift"),
+                              density=kw.get("density", DENSITY), **common)
     if method == "topk":
         return simulate_topk(grads, n, k, **common)
     if method == "cltk":
@@ -173,7 +175,8 @@ def test_mixed_dtypes_write_back_in_each_parameters_dtype():
                 parts.append(flat[start:start + size].to(getattr(torch, dtype)).double())
                 start += size
             grads[t].append(torch.cat(parts))
-    sim = simulate_micro(grads, per_rank_thresholds([r.value for r in results]), n)
+    sim = simulate_micro(grads, per_rank_thresholds([r.value for r in results]), n,
+                         judge="drift", density=0.05)
     for res in results:
         for t, rec in enumerate(res.value):
             assert rec["residual_dtype"] == "torch.float64"
@@ -329,7 +332,7 @@ def test_grad_views_in_place_equal_fresh_grads():
                         kwargs={"numel": numel, "iterations": iterations, "seed": 9})
     grads = [[injected_gradient(r, t, numel, 9) for r in range(2)] for t in range(iterations)]
     sim = simulate_micro(grads, per_rank_thresholds(
-        [r.value["set_to_none=True"] for r in results]), 2)
+        [r.value["set_to_none=True"] for r in results]), 2, judge="drift", density=0.05)
     for res in results:
         fresh, in_place = res.value["set_to_none=True"], res.value["set_to_none=False"]
         assert all(rec["grad_is_view"] for rec in in_place)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from train.cli import DATASETS, RECIPES, build_parser, parse_args
+from train.cli import DATASETS, RECIPES, TrainError, build_parser, parse_args
 from train.schedule import lr_at, peak_lr
 from train.trainer import build_compression
 
@@ -68,3 +68,12 @@ def test_compressor_names_map_to_horovod_micro():
     assert build_compression("micro", 0.01).density == 0.01
     with pytest.raises(ValueError, match="no Compression.nope .*micro"):
         build_compression("nope", 0.01)
+
+
+def test_momentum_masking_flag_reaches_the_compressor():
+    assert build_compression("micro", 0.01).momentum_masking is None
+    assert build_compression("micro", 0.01, None, False).momentum_masking is False
+    assert build_compression("micro", 0.01, "paper", False).momentum_masking is False
+    assert build_compression("topk", 0.01, None, True).momentum_masking is True
+    with pytest.raises(TrainError, match="--momentum-masking applies to sparse methods"):
+        build_compression("none", 0.01, None, True)

@@ -22,6 +22,8 @@ from multirank import run_ranks
 from simulation import injected_gradient, per_rank_thresholds, simulate_micro
 
 NUMEL, ITERATIONS, SEED = 300, 5, 4
+# ranks_zero_copy's MiCRO: density 0.05, the default (drift) judge.
+DRIFT = {"judge": "drift", "density": 0.05}
 
 
 def _assert_matches(records, sim, rank, atol=1e-9):
@@ -48,7 +50,8 @@ def check_variants(results, native: bool):
     n = len(results)
     grads = [[injected_gradient(r, t, NUMEL, SEED) for r in range(n)]
              for t in range(ITERATIONS)]
-    sim = simulate_micro(grads, per_rank_thresholds([r.value["zero_copy"] for r in results]), n)
+    sim = simulate_micro(grads, per_rank_thresholds([r.value["zero_copy"] for r in results]), n,
+                         **DRIFT)
     for res in results:
         runs = res.value
         for label, records in runs.items():
@@ -87,10 +90,10 @@ def test_in_place_write_before_synchronize_is_detected():
     thresholds = per_rank_thresholds([r.value["records"] for r in results])
     # At step 1 the halving hit a_1 = e_1 + g_1 whole: in the simulation's terms the
     # gradient was 0.5 g_1 - 0.5 e_1, with e_1 the residual after step 0.
-    e_1 = simulate_micro(grads[:1], thresholds[:1], 2)[0]["residual"]
+    e_1 = simulate_micro(grads[:1], thresholds[:1], 2, **DRIFT)[0]["residual"]
     fed = [row[:] for row in grads]
     fed[1] = [0.5 * grads[1][r] - 0.5 * e_1[r] for r in range(2)]
-    sim = simulate_micro(fed, thresholds, 2)
+    sim = simulate_micro(fed, thresholds, 2, **DRIFT)
     for res in results:
         out = res.value
         assert len(out["warnings"]) == 1 and "modified in place" in out["warnings"][0]
@@ -111,7 +114,7 @@ def test_writes_into_the_exchanged_gradient_do_not_leak_into_the_next(backend):
                         kwargs={"numel": NUMEL, "iterations": iterations, "seed": SEED})
     grads = [[injected_gradient(r, t, NUMEL, SEED) for r in range(2)]
              for t in range(iterations)]
-    sim = simulate_micro(grads, per_rank_thresholds([r.value for r in results]), 2)
+    sim = simulate_micro(grads, per_rank_thresholds([r.value for r in results]), 2, **DRIFT)
     for res in results:
         _assert_matches(res.value, sim, res.rank)
         # Whole-buffer clears: the first step, and the step after each write.

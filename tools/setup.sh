@@ -183,8 +183,14 @@ if [ "${HVM_DEPS_ONLY:-0}" = 1 ]; then
 fi
 
 # 5. This package, editable, with the test extra.
+# Reinstalled when setup.cfg or a native kernel's source changed (the editable install
+# builds the kernels into the source tree once).
+stale=0
+for source in "$REPO/setup.cfg" "$REPO/setup.py" "$REPO"/horovod_micro/_native/*.c; do
+    [ "$source" -nt "$VENV/.hvm-installed" ] && stale=1
+done
 if ! "$PY" -c 'import horovod_micro, pytest, sklearn, mpi4py, tensorboard' 2>/dev/null \
-        || [ "$REPO/setup.cfg" -nt "$VENV/.hvm-installed" ]; then
+        || [ "$stale" = 1 ]; then
     log "installing horovod_micro (editable) with its test extra"
     "${PIP[@]}" -e "$REPO[test]"
     touch "$VENV/.hvm-installed"

@@ -82,6 +82,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--controller", default=None,
                    help="MiCRO's density controller: bounded (default) | scale | newton | "
                         "paper (the authors' rule as written)")
+    g.add_argument("--judge", choices=("drift", "magnitude"), default=None,
+                   help="what MiCRO's owners rank by: drift (default) | magnitude (as "
+                        "published)")
+    g.add_argument("--momentum-masking", choices=("on", "off"), default=None,
+                   help="clear the momentum where a sparse aggregate arrived (default: the "
+                        "method's own, on for micro; off runs MiCRO as published)")
 
     g = p.add_argument_group("optimisation (paper recipe)")
     g.add_argument("--epochs", type=int, default=None)

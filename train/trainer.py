@@ -44,22 +44,34 @@ class UnknownCompressorError(TrainError, ValueError):
     """``--compressor`` names nothing in ``hvm.Compression``."""
 
 
-def build_compression(name: str, density: float, controller: str | None = None):
+def build_compression(name: str, density: float, controller: str | None = None,
+                      momentum_masking: bool | None = None, judge: str | None = None):
     """``hvm.Compression.<name>``: dense classes as they are, sparse factories called with
-    ``density`` (and MiCRO with ``controller`` when given). Unknown names list what this
-    horovod_micro offers."""
+    ``density`` (and MiCRO with ``controller``, any sparse method with ``momentum_masking``,
+    when given). Unknown names list what this horovod_micro offers."""
     factory = getattr(hvm.Compression, name, None)
     if factory is None or name.startswith("_"):
         raise UnknownCompressorError(
             f"--compressor {name}: this horovod_micro has no Compression.{name} "
             f"(available: {', '.join(compressor_names())})")
-    if isinstance(factory, type) and issubclass(factory, HorovodCompressor):
+    dense = isinstance(factory, type) and issubclass(factory, HorovodCompressor)
+    extra = {} if momentum_masking is None else {"momentum_masking": momentum_masking}
+    if extra and (dense or "momentum_masking" not in inspect.signature(factory).parameters):
+        raise TrainError(f"--momentum-masking applies to sparse methods, not --compressor "
+                         f"{name}")
+    if judge is not None:
+        if dense or "judge" not in inspect.signature(factory).parameters:
+            raise TrainError(f"--judge applies to micro, not --compressor {name}")
+        extra["judge"] = judge
+    if dense:
         return factory
     params = inspect.signature(factory).parameters
     if controller is not None:
         if "controller" not in params:
             raise TrainError(f"--controller applies to micro, not --compressor {name}")
-        return factory(density=density, controller=controller)
+        return factory(density=density, controller=controller, **extra)
+    if extra:
+        return factory(density=density, **extra)
     if "density" in params:
         return factory(density=density)
     return factory(density)
@@ -104,8 +116,11 @@ def setup(args: argparse.Namespace, cifar_classes: dict | None = None) -> Contex
                            nesterov=not args.no_nesterov and args.momentum > 0,
                            weight_decay=args.weight_decay,
                            fused=True if args.fused_sgd else None)
+    masking = getattr(args, "momentum_masking", None)
     compression = build_compression(args.compressor, args.density,
-                                    getattr(args, "controller", None))
+                                    getattr(args, "controller", None),
+                                    None if masking is None else masking == "on",
+                                    getattr(args, "judge", None))
     optimizer = hvm.DistributedOptimizer(base, named_parameters=model.named_parameters(),
                                          compression=compression)
     loader, sampler = train_loader(data.train, args.batch_size, args.workers, args.seed,

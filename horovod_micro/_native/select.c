@@ -152,6 +152,66 @@ int64_t hvm_select_abs_ge(const float *x, int64_t n, float t, int64_t base, int3
     return hvm_select_abs_ge_values(x, n, t, base, out, NULL, cap);
 }
 
+/*
+ * Drift-weighted selection (MiCRO's default judge). Each coordinate i carries the
+ * iteration after which its residual last started from zero, last[i] (every rank holds
+ * the same array: it follows the gathered indices). Its age is now - last[i] >= 1, and
+ * its score |x[i]| * sqrt(wait / age): the accumulation measured against how long it has
+ * been accumulating, so a coordinate whose gradient keeps one sign (a real drift) scores
+ * above one whose accumulation is a random walk of the same size. Selected: score >= t,
+ * with score computed as fabsf(x) * sqrtf(wait / age) in float (the definition the
+ * simulations state). The pass over the part compares without a square root,
+ * x^2 * wait >= t^2 * age, loosened by a few ulps so that it never misses an entry the
+ * definition selects; only those candidates get the exact score. Writes base + i and,
+ * when vals is not NULL, the signed score x[i] * sqrt(wait / age) (the values the density
+ * controller's ladder counts among). One read of x and of last; same contract as
+ * hvm_select_abs_ge_values otherwise.
+ */
+static inline int drift_keep(float x, float age, float wait, float t, int64_t i, int64_t base,
+                             int32_t *out, float *vals, int64_t cap, int64_t *count)
+{
+    const float w = sqrtf(wait / age);
+    if (!(fabsf(x) * w >= t))
+        return 0;
+    if (*count < cap) {
+        out[*count] = (int32_t)(base + i);
+        if (vals)
+            vals[*count] = x * w;
+    }
+    ++*count;
+    return 1;
+}
+
+int64_t hvm_select_drift_values(const float *x, const int32_t *last, int64_t now, float wait,
+                                int64_t n, float t, int64_t base, int32_t *out, float *vals,
+                                int64_t cap)
+{
+    const float loose = t * t * (1.0f - 1e-6f);
+    const int32_t now32 = (int32_t)now;
+    int64_t count = 0;
+    int64_t i = 0;
+    for (; i + BLOCK <= n; i += BLOCK) {
+        HVM_PREFETCH(x + i + PREFETCH_AHEAD);
+        HVM_PREFETCH(last + i + PREFETCH_AHEAD);
+        int hit = 0;
+        for (int j = 0; j < BLOCK; ++j)
+            hit |= x[i + j] * x[i + j] * wait >= loose * (float)(now32 - last[i + j]);
+        if (!hit)
+            continue;
+        for (int j = 0; j < BLOCK; ++j) {
+            const float age = (float)(now32 - last[i + j]);
+            if (x[i + j] * x[i + j] * wait >= loose * age)
+                drift_keep(x[i + j], age, wait, t, i + j, base, out, vals, cap, &count);
+        }
+    }
+    for (; i < n; ++i) {
+        const float age = (float)(now32 - last[i]);
+        if (x[i] * x[i] * wait >= loose * age)
+            drift_keep(x[i], age, wait, t, i, base, out, vals, cap, &count);
+    }
+    return count;
+}
+
 static struct PyModuleDef hvm_select_module = {PyModuleDef_HEAD_INIT, "_select",
                                                "Native threshold selection (see select.c).",
                                                -1, NULL};

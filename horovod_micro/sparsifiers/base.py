@@ -117,30 +117,35 @@ class Sparsifier:
         momentum_masking: after each step, clear the wrapped optimizer's momentum buffer
             at the coordinates that received an aggregate, so that an error-feedback burst
             is applied once instead of being carried on by the momentum
-            (:mod:`horovod_micro.momentum`). ``None`` takes the method's default
-            (:attr:`masks_momentum`).
+            (:mod:`horovod_micro.momentum`). ``None`` (default): the method's own rule,
+            :attr:`masks_momentum_from`.
     """
 
     name = "sparse"
-    #: The method's default for ``momentum_masking``.
-    masks_momentum = False
+    #: With ``momentum_masking=None``, mask from this many ranks on (None: never).
+    masks_momentum_from: int | None = None
 
     def __init__(self, density: float | None, *, error_feedback: bool = True,
                  fp16_values: bool = False, momentum_masking: bool | None = None):
         self.density = density
         self.error_feedback = error_feedback
         self.fp16_values = fp16_values
-        self.momentum_masking = (self.masks_momentum if momentum_masking is None
-                                 else momentum_masking)
+        self.momentum_masking = momentum_masking
         self.numel = 0
         self.comm: Comm | None = None
 
     # ----- configuration -------------------------------------------------------------
     def config(self) -> dict:
         """Everything that must agree across ranks (compared when the optimizer starts)."""
-        return {"method": self.name, "density": self.density,
-                "error_feedback": self.error_feedback, "fp16_values": self.fp16_values,
-                "momentum_masking": self.momentum_masking}
+        config = {"method": self.name, "density": self.density,
+                  "error_feedback": self.error_feedback, "fp16_values": self.fp16_values}
+        # Named only when it can mask, so that a state written before the option existed
+        # (when no method masked) still matches a configuration that never masks.
+        if self.momentum_masking or (self.momentum_masking is None
+                                     and self.masks_momentum_from is not None):
+            config["momentum_masking"] = ("auto" if self.momentum_masking is None
+                                          else self.momentum_masking)
+        return config
 
     def config_error(self) -> str | None:
         """Why this configuration is invalid, or None."""
@@ -148,9 +153,9 @@ class Sparsifier:
         if (isinstance(d, bool) or not isinstance(d, int | float) or not math.isfinite(d)
                 or not 0.0 < d <= 1.0):
             return f"{self.name}: density must be a number in (0, 1], got {d!r}"
-        if not isinstance(self.momentum_masking, bool):
-            return (f"{self.name}: momentum_masking must be True or False, got "
-                    f"{self.momentum_masking!r}")
+        if not (self.momentum_masking is None or isinstance(self.momentum_masking, bool)):
+            return (f"{self.name}: momentum_masking must be True, False or None (the "
+                    f"method's default), got {self.momentum_masking!r}")
         return None
 
     def bind_error(self, numel: int) -> str | None:
@@ -174,6 +179,12 @@ class Sparsifier:
         set's first rank's state is adopted. Default: nothing (the baselines read
         ``comm.size`` at every step)."""
         del size
+
+    def masks(self, size: int) -> bool:
+        """Whether momentum masking acts in a set of ``size`` ranks."""
+        if self.momentum_masking is not None:
+            return self.momentum_masking
+        return self.masks_momentum_from is not None and size >= self.masks_momentum_from
 
     @property
     def target_count(self) -> int:

@@ -6,8 +6,12 @@ Distributed DNN Training", HiPC 2023 (arXiv:2310.00967).
 Per iteration ``t`` on rank ``r`` of ``n``:
 
 1. ``r`` owns part ``(t + r) mod n`` of the flat error-compensated gradient ``a_t``
-   (:mod:`horovod_micro.partition`) and selects ``|a_t[i]| >= threshold`` there only: one
-   pass over ``N / n`` elements, no sort.
+   (:mod:`horovod_micro.partition`) and selects ``score_i >= threshold`` there only: one
+   pass over ``N / n`` elements, no sort. The score is ``|a_t[i]|`` in the paper
+   (``judge="magnitude"``); by default it is the drift score ``|a_t[i]| sqrt(wait /
+   age_i)`` (``judge="drift"``, :class:`~horovod_micro.selection.DriftSelector`), which
+   keeps the owner's judgement sound when one worker's accumulation is a noisy estimate
+   of the n workers' sum (many workers).
 2. The ranks allgather their indices; parts are disjoint, so the union has exactly
    ``sum_r k_r`` coordinates (no build-up).
 3. Each rank takes its *own* ``a_t`` at the union and the ranks allreduce those values:
@@ -15,7 +19,9 @@ Per iteration ``t`` on rank ``r`` of ``n``:
    Traffic per rank is O(k), independent of ``n``.
 4. Every rank zeroes its residual at the union (it sent its value there; with
    ``fp16_values`` it keeps the rounding error, :meth:`Sparsifier.wire_error`).
-5. The threshold is steered from what every rank knows after step 2 (the counts, and one
+5. With momentum masking (default, :mod:`horovod_micro.momentum`) the wrapped optimizer's
+   momentum is cleared where the aggregate arrived, after its step.
+6. The threshold is steered from what every rank knows after step 2 (the counts, and one
    integer per rank in the gather's header), so every rank holds the same controller state
    with no extra message. ``controller=`` picks the rule: ``"bounded"`` (default,
    :mod:`horovod_micro.part_controller`: a scale-free threshold per part, corrected
@@ -34,12 +40,15 @@ from ..density_controller import DensityController, PaperController
 from ..exchange import Traffic, allreduce_values
 from ..part_controller import PartController
 from ..partition import owned_part, part_bounds
-from ..selection import ThresholdSelector
+from ..selection import DriftSelector, ThresholdSelector
 from .base import Reduced, Reduction, Selection, Sparsifier
 from .registry import register
 
 #: The density controllers ``controller=`` accepts; the first is the default.
 CONTROLLERS = ("bounded", "scale", "newton", "paper")
+#: What the owner ranks its part by (``judge=``): the first is the default of the per-part
+#: controllers; the shared-threshold ones (newton, paper) judge the magnitude only.
+JUDGES = ("drift", "magnitude")
 
 
 @register
@@ -53,26 +62,42 @@ class MicroCompressor(Sparsifier):
             (``"newton"``, ``"paper"``; default ``1 / (2 sqrt(k))``).
         controller: the density controller, one of :data:`CONTROLLERS` (see the module
             docstring; README, "The density controller").
+        judge: what the owner of a part ranks its coordinates by. ``"drift"`` (default
+            with the per-part controllers): ``|a_i| * sqrt(wait / age_i)``, the
+            accumulation against how long it has been accumulating
+            (:class:`~horovod_micro.selection.DriftSelector`), so a coordinate whose
+            gradient keeps its sign wins over one whose residual is a random walk of one
+            worker's noise; ``"magnitude"``: ``|a_i|``, as published (and the only judge
+            of the shared-threshold controllers). The selection is still one threshold
+            pass over the part; the ages cost one int32 per coordinate.
         momentum_masking: clear the wrapped optimizer's momentum at the coordinates that
-            received an aggregate, after each step (default on; :mod:`horovod_micro.momentum`).
-            Each coordinate is judged by one rank's own accumulation, so coordinates can
-            wait many iterations and arrive as large bursts; momentum would re-apply each
-            burst for about ``1 / (1 - m)`` more steps, which the linearly scaled learning
-            rate of many workers turns into divergence. ``False`` runs the method as
-            published.
+            received an aggregate, after each step (:mod:`horovod_micro.momentum`).
+            Coordinates wait many iterations and arrive as bursts; momentum re-applies a
+            burst for about ``1 / (1 - m)`` more steps, which at the linearly scaled
+            learning rate of many workers turns into divergence, while on few workers it
+            is the acceleration short runs need. Default ``None``: on from 8 ranks, off
+            below. ``True`` turns it on at any size (try it first when a run diverges);
+            ``False`` runs the method as published.
         error_feedback, fp16_values: see :class:`~horovod_micro.sparsifiers.base.Sparsifier`.
     """
 
     name = "micro"
-    masks_momentum = True
+    masks_momentum_from = 8
 
     def __init__(self, density: float = 0.001, *, initial_threshold: float | None = None,
-                 controller: str = "bounded", error_feedback: bool = True,
-                 fp16_values: bool = False, momentum_masking: bool | None = None):
+                 controller: str = "bounded", judge: str | None = None,
+                 error_feedback: bool = True, fp16_values: bool = False,
+                 momentum_masking: bool | None = None):
         super().__init__(density, error_feedback=error_feedback, fp16_values=fp16_values,
                          momentum_masking=momentum_masking)
         self.initial_threshold = initial_threshold
         self.controller_name = controller
+        self.judge = judge if judge is not None else (
+            "drift" if controller in ("bounded", "scale") else "magnitude")
+        # Per coordinate: the iteration after which its residual last started from zero
+        # (the drift judge's ages; the same on every rank). Made at the first selection,
+        # on the gradient's device.
+        self.last: torch.Tensor | None = None
         self.controller: DensityController | PaperController | PartController | None = None
         self.bounds: list[tuple[int, int]] = []
         self._selector = ThresholdSelector()
@@ -85,6 +110,8 @@ class MicroCompressor(Sparsifier):
         # (all of them newton's) still load with controller="newton".
         if self.controller_name != "newton":
             config["controller"] = self.controller_name
+        if self.judge != "magnitude":  # named only when not the published rule (as above)
+            config["judge"] = self.judge
         return config
 
     def config_error(self) -> str | None:
@@ -92,6 +119,13 @@ class MicroCompressor(Sparsifier):
         if name not in CONTROLLERS:
             return (f"micro: unknown controller {name!r}; choose one of "
                     f"{', '.join(repr(c) for c in CONTROLLERS)}")
+        if self.judge not in JUDGES:
+            return (f"micro: unknown judge {self.judge!r}; choose one of "
+                    f"{', '.join(repr(j) for j in JUDGES)}")
+        if self.judge == "drift" and name not in ("bounded", "scale"):
+            return (f"micro: judge='drift' needs a per-part controller ('bounded' or "
+                    f"'scale'); controller={name!r} shares one threshold of |a| (pass "
+                    "judge='magnitude')")
         if t is not None and not (isinstance(t, int | float) and t > 0):
             return f"micro: initial_threshold must be a positive number, got {t!r}"
         if t is not None and name in ("bounded", "scale"):
@@ -126,7 +160,8 @@ class MicroCompressor(Sparsifier):
         the bounded controller's usual overshoot (its base aims a little low) without a
         regrown buffer and a redone pass (an allocation, never written whole)."""
         self.bounds = part_bounds(self.numel, size)
-        self._selector = ThresholdSelector(capacity=4 * self.target_count // size + 64)
+        selector = DriftSelector if self.judge == "drift" else ThresholdSelector
+        self._selector = selector(capacity=4 * self.target_count // size + 64)
 
     def _part_sizes(self) -> list[int]:
         return [end - start for start, end in self.bounds]
@@ -152,6 +187,12 @@ class MicroCompressor(Sparsifier):
     def select(self, acc: torch.Tensor, iteration: int) -> Selection:
         part = owned_part(self.comm.rank, iteration, self.comm.size)
         start, end = self.bounds[part]
+        if self.judge == "drift":
+            if self.last is None or self.last.device != acc.device:
+                self.last = torch.zeros(self.numel, dtype=torch.int32, device=acc.device)
+            now = iteration + 1
+            self._selector.bind(acc[start:end], self.last[start:end], now,
+                                min(1.0 / self.density, float(now)))
         indices, self._threshold, report = self.controller.select(
             acc, start, end, part, self._selector, self._scale)
         self._iteration = iteration
@@ -167,13 +208,27 @@ class MicroCompressor(Sparsifier):
         return Reduced(union, values.to(acc.dtype), union, gathered, self._threshold)
 
     def observe(self, reduced: Reduced) -> None:
+        if self.last is not None:  # the applied coordinates start accumulating afresh
+            self.last.index_fill_(0, reduced.indices.long(), self._iteration + 1)
         n = self.comm.size
         gathered = reduced.gathered
         self.controller.observe(list(gathered.counts), list(gathered.aux),
                                 [owned_part(r, self._iteration, n) for r in range(n)])
 
     def state_dict(self) -> dict:
-        return {"controller": self.controller.state_dict()}
+        state = {"controller": self.controller.state_dict()}
+        if self.judge == "drift":
+            state["last"] = (self.last.cpu().clone() if self.last is not None
+                             else torch.zeros(self.numel, dtype=torch.int32))
+        return state
 
     def load_state_dict(self, state: dict) -> None:
+        if self.judge == "drift":
+            last = state.get("last")
+            if not isinstance(last, torch.Tensor) or last.numel() != self.numel:
+                raise ValueError("micro: this state holds no ages of the drift judge "
+                                 "(written with judge='magnitude'?)")
         self.controller.load_state_dict(state["controller"])
+        if self.judge == "drift":
+            device = self.last.device if self.last is not None else "cpu"
+            self.last = state["last"].to(device=device, dtype=torch.int32).clone()
