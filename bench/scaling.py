@@ -214,7 +214,8 @@ def train(method: str, *, n: int, density: float, epochs: float, seed: int = 1,
             "peak_lr": peak, "iterations": iters,
             "final_accuracy": sum(a for _, a in final) / len(final), "curve": curve,
             "bytes_per_step": sum(sent) / len(sent), "diagnosis": diagnosis.rows,
-            "seconds": time.perf_counter() - start}
+            "seconds": time.perf_counter() - start,
+            "weights": torch.cat([p.detach().reshape(-1) for p in layout.params])}
 
 
 def table(runs: Sequence[dict]) -> str:
@@ -302,13 +303,13 @@ def main(argv: Sequence[str] | None = None) -> None:
                     method, n=n, density=args.density, epochs=args.epochs, seed=seed,
                     dataset=args.dataset, model_name=args.model, lr_cap=args.lr_cap,
                     report=(lambda _: None) if args.quiet else print)
+                run.pop("weights", None)
                 runs.append(run)
                 print(f"{method} n={n} seed={seed}: final {run['final_accuracy']:.2%}, "
                       f"{run['bytes_per_step'] / 1e3:,.1f} KB/step/rank "
                       f"({run['seconds']:.0f} s)", flush=True)
-                if args.json:
-                    keep = [r for r in previous if r not in done] + [run]
-                    previous = keep
+                if args.json and not done:
+                    previous.append(run)
                     args.json.write_text(json.dumps({"runs": previous}, indent=1) + "\n")
     print(table(runs))
     if args.figures:

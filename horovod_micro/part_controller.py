@@ -66,7 +66,13 @@ from statistics import NormalDist
 
 import torch
 
-from .selection import ThresholdSelector, count_abs_ge, counts_abs_ge_many, counts_at_once
+from .selection import (
+    ThresholdSelector,
+    count_abs_ge,
+    counts_abs_ge_many,
+    counts_at_once,
+    index_dtype,
+)
 
 STATE_VERSION = 2
 LADDER = 2.0 ** (1.0 / 64.0)
@@ -154,7 +160,10 @@ class PartController:
 
     def __post_init__(self) -> None:
         if not self.log_multipliers:
-            self.log_multipliers = [math.log(start_multiplier(self.density))] * len(self.sizes)
+            # At d = 1 the Gaussian multiplier is 0 (keep everything): a tiny one instead,
+            # whose log exists; every part's target is then its whole size (see select).
+            start = max(start_multiplier(min(self.density, 1.0)), 1e-6)
+            self.log_multipliers = [math.log(start)] * len(self.sizes)
         self.numel = sum(self.sizes)
         self.extra_passes = 0  # this rank's extra selection passes (not state: a statistic)
 
@@ -177,6 +186,11 @@ class PartController:
                selector: ThresholdSelector, scale: float) -> tuple[torch.Tensor, float, int]:
         """This rank's selection in ``acc[start:end]``: (indices, threshold, report)."""
         segment, numel = acc[start:end], acc.numel()
+        if self.part_target(part) >= end - start and self.correct:
+            # The target is the whole part (density 1): everything goes, as a dense
+            # exchange would send it; the report is the neutral step (no learning needed).
+            indices = torch.arange(start, end, device=acc.device).to(index_dtype(numel))
+            return indices, 0.0, round(self.bias)
         th0 = self.base_threshold(part, scale)
         if not 0.0 < th0 < math.inf:  # an all-zero a_t (rms 0): nothing to send or learn
             return selector(segment, math.inf, start, numel), math.inf, (
