@@ -183,8 +183,12 @@ def drift_scores(segment: torch.Tensor, last: torch.Tensor, now: int,
     :class:`DriftSelector` judges, computed as the native kernel does (``wait / age``,
     its square root, times ``segment``), which computes it for its candidates only."""
     age = (now - last).to(segment.dtype)
-    w = torch.tensor(wait, dtype=segment.dtype, device=segment.device)
-    return segment * torch.sqrt(w / age)
+    # A 0-d tensor filled on the device (no host-to-device copy): ``wait / age`` is then a
+    # true division in the segment's dtype, as the kernel's. The square root is taken in
+    # float64 and rounded once (correctly rounded, as the kernel's sqrtf; torch's
+    # vectorised float32 sqrt is not always).
+    w = torch.full((), wait, dtype=segment.dtype, device=segment.device)
+    return segment * torch.sqrt((w / age).double()).to(segment.dtype)
 
 
 class DriftSelector(ThresholdSelector):

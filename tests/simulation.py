@@ -120,9 +120,10 @@ def contiguous_parts(numel: int, n: int) -> list[tuple[int, int]]:
 
 def drift_score(acc: torch.Tensor, age: torch.Tensor, wait: float) -> torch.Tensor:
     """MiCRO's drift judge stated plainly: ``|a| * sqrt(wait / age)``, in ``acc``'s dtype
-    (float32 arithmetic for float32: ``wait / age``, its square root, times ``|a|``)."""
-    w = torch.tensor(wait, dtype=acc.dtype)
-    return acc.abs() * torch.sqrt(w / age.to(acc.dtype))
+    (float32 arithmetic for float32: ``wait / age``, its correctly rounded square root,
+    times ``|a|``)."""
+    ratio = torch.tensor(wait, dtype=acc.dtype) / age.to(acc.dtype)
+    return acc.abs() * torch.sqrt(ratio.double()).to(acc.dtype)  # correctly rounded
 
 
 def simulate_micro(grads: list[list[torch.Tensor]], thresholds, n: int,

@@ -98,3 +98,39 @@ def test_micro_on_the_device_generic_path_equals_simulation(n, monkeypatch):
 
     monkeypatch.setenv("HOROVOD_MICRO_SELECT", "torch")
     check_micro(n, "bounded")
+
+
+@pytest.mark.parametrize("numel", [0, 5, 31, 32, 33, 1000, 100_003])
+@pytest.mark.parametrize("path", ["native", "torch"])
+def test_drift_judge_matches_its_definition(numel, path, monkeypatch):
+    """DriftSelector selects ``|x| sqrt(wait / age) >= t`` over the bound part, exactly as
+    the plain definition (simulation.drift_score) computes it, thresholds placed on the
+    scores themselves included; its values are the signed scores; any other tensor (the
+    values the ladder counts among) is selected on |x|."""
+    from simulation import drift_score
+
+    from horovod_micro.selection import DriftSelector
+
+    if path == "torch":
+        monkeypatch.setenv("HOROVOD_MICRO_SELECT", "torch")
+    gen = torch.Generator().manual_seed(numel + 7)
+    acc = torch.randn(numel + 3, generator=gen)
+    part = acc[3:]  # a view, as the part of a_t is
+    now, wait = 500, 37.0
+    last = now - torch.randint(1, 120, (numel,), generator=gen).to(torch.int32)
+    scores = drift_score(part, now - last, wait)
+    selector = DriftSelector(capacity=4)  # forces the buffer to grow
+    assert selector.use_native == (path == "native")
+    selector.bind(part, last, now, wait)
+    cuts = [float(scores.quantile(q)) for q in (0.5, 0.99)] if numel else [1.0]
+    if numel:
+        cuts.append(float(scores[numel // 2]))  # a threshold equal to one score
+    for cut in cuts:
+        expected = (torch.nonzero(scores >= cut).view(-1) + 3).tolist()
+        indices, values = selector.with_values(part, cut, 3, 10**6)
+        assert indices.tolist() == expected
+        signed = drift_score(part, now - last, wait) * part.sign()
+        assert values.tolist() == signed[[i - 3 for i in expected]].tolist()
+        assert selector(part, cut, 3, 10**6).tolist() == expected
+    plain = torch.randn(50, generator=gen)
+    assert selector(plain, 0.5, 0, 50).tolist() == reference(plain, 0.5, 0)
