@@ -24,7 +24,9 @@ Design, per iteration ``t``, on rank ``r`` owning part ``p`` (``n`` parts, ``k``
 
   - ``c0 >= t_p``: upward (``j >= 0``). Counts at higher thresholds are counts among the
     values already selected, so this reads only those (O(k/n)), never the part again.
-  - ``t_p / band <= c0 < t_p``: keep ``th0`` (``j = 0``).
+  - ``t_p / band <= c0 < t_p``: keep ``th0`` (``j = 0``). ``band`` is ``fine`` (1.1), so
+    that no kept count is more than 10 % short: a wider band (it was 1.25) saved a pass
+    but let single iterations land 10-20 % under the target.
   - ``c0 < t_p / band``: one more pass over the part, at ``th0 * q**-J``, then the closest
     step in ``[-J, 0]``. ``J = ceil(log(gamma t_p / max(c0, 1/2)) / (2 log q))``, at most
     ``max_down``: the descent a tail slope of 2 would need to reach ``gamma t_p``. This is
@@ -150,7 +152,7 @@ class PartController:
     gain: float = 0.5
     integral_gain: float = 0.2
     integral_clamp: float = 0.5
-    band: float = 1.25
+    band: float = 1.1
     bias: float = 4.0
     gamma: float = 1.5
     max_down: int = 128

@@ -109,7 +109,8 @@ def main(cfg: dict) -> None:
     sparse = getattr(optimizer, "_reducer", None)
     final = {"pid": os.getpid(), "host": host, "rank": hvd.rank(), "size": hvd.size(),
              "iteration": state.iteration, "weights": digest(model),
-             "controller": (json.dumps(sparse.shared_state(), sort_keys=True)
+             "controller": (json.dumps(sparse.shared_state(), sort_keys=True,
+                                        default=lambda t: t.tolist())
                             if sparse is not None else None)}
     (out / f"final-{os.getpid()}.json").write_text(json.dumps(final))
 

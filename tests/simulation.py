@@ -199,7 +199,7 @@ class BoundedRule:
     ``m_p * rms(a_t)``; on the ladder ``base * 2**(j/64)`` it takes the step whose count
     in its part is closest to the part's target ``max(k* |p| / N, 1)`` (log ratio, ties toward
     j = 0), searching upward from a count at or above the target, keeping the base for a
-    count in ``[target / 1.25, target)``, and searching ``[-J, 0]`` below that, with
+    count in ``[target / 1.1, target)``, and searching ``[-J, 0]`` below that, with
     ``J = min(max(ceil(log(1.5 target / max(c, 1/2)) / (2 log q)), 1), 128)``. Every rank
     then moves ``log m_p`` by ``0.5 (j - 4) log q`` for the part it reported (clamped to
     128 steps) and ``k* = k (1 - 0.2 * sum_t (k_t / k - 1))``, clamped to [0.5 k, 1.5 k].
@@ -250,7 +250,7 @@ class BoundedRule:
             while count(j) > 0:
                 j += 1
                 steps.append(j)
-        elif c0 >= target / 1.25:
+        elif c0 >= target / 1.1:
             steps = [0]
         else:
             depth = math.ceil(math.log(1.5 * target / max(c0, 0.5)) / (2 * math.log(self.q)))
