@@ -188,8 +188,8 @@ class PartController:
                selector: ThresholdSelector, scale: float) -> tuple[torch.Tensor, float, int]:
         """This rank's selection in ``acc[start:end]``: (indices, threshold, report)."""
         segment, numel = acc[start:end], acc.numel()
-        if self.part_target(part) >= end - start and self.correct:
-            # The target is the whole part (density 1): everything goes, as a dense
+        if self.density >= 1.0 and self.correct:
+            # Density 1: the target is the whole part, and everything goes, as a dense
             # exchange would send it; the report is the neutral step (no learning needed).
             indices = torch.arange(start, end, device=acc.device).to(index_dtype(numel))
             return indices, 0.0, round(self.bias)
