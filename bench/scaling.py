@@ -21,11 +21,12 @@ workers' gradients, not on where the workers run. So one process trains one mode
   ``DistributedOptimizer.step`` does.
 
 Methods are the registered ones (``dense`` is the mean gradient), with keyword arguments
-after a colon: ``micro:momentum_masking=False`` is MiCRO as published. Per run the final
-test accuracy (mean of the last three evaluations), the bytes each rank sends per step,
-and a diagnosis of the sparse exchange: the norm of the workers' summed residual, how long
-an applied coordinate had waited, the size of its update, and which fraction of the
-applied coordinates lie in the top k of the workers' summed accumulation.
+after a colon: ``micro:judge='magnitude',momentum_masking=False`` is MiCRO as published,
+``gtopk:density=0.004`` runs gTop-k at its own density (for a comparison at equal bytes).
+Per run the final test accuracy (mean of the last three evaluations), the bytes each rank
+sends per step, and a diagnosis of the sparse exchange: the norm of the workers' summed
+residual, how long an applied coordinate had waited, the size of its update, and which
+fraction of the applied coordinates lie in the top k of the workers' summed accumulation.
 
     .venv/bin/python -m bench.scaling --workers 2 4 8 16 --epochs 3
     .venv/bin/python -m bench.scaling --workers 32 64 --epochs 12 --lr-cap 0.4 \\
@@ -142,7 +143,7 @@ def train(method: str, *, n: int, density: float, epochs: float, seed: int = 1,
     order = torch.Generator().manual_seed(seed)
     name, kwargs = parse_method(method)
     sparse = name != "dense"
-    compressors = [getattr(hvm.Compression, name)(density=density, **kwargs)
+    compressors = [getattr(hvm.Compression, name)(**{"density": density, **kwargs})
                    for _ in range(n)] if sparse else []
     curve: list[tuple[int, float]] = []
     sent: list[int] = []
@@ -238,6 +239,25 @@ def table(runs: Sequence[dict]) -> str:
     return "\n".join(lines)
 
 
+def diagnosis_table(runs: Sequence[dict]) -> str:
+    """The sparse runs' diagnosis, averaged over the last third of each run's records."""
+    lines = ["| method | n | summed residual norm | mean wait (iterations) | max wait | "
+             "mean applied |value| | applied in top k of the summed accumulation |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in runs:
+        rows = r["diagnosis"][-max(1, len(r["diagnosis"]) // 3):]
+        if not r["diagnosis"]:
+            continue
+
+        def mean(key, rows=rows):
+            return sum(row[key] for row in rows) / len(rows)
+
+        lines.append(f"| {r['method']} | {r['n']} | {mean('summed_residual_norm'):.1f} | "
+                     f"{mean('mean_wait'):.0f} | {max(row['max_wait'] for row in rows)} | "
+                     f"{mean('mean_update'):.4f} | {mean('in_summed_topk'):.0%} |")
+    return "\n".join(lines)
+
+
 def figures(runs: Sequence[dict], out: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -312,6 +332,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                     previous.append(run)
                     args.json.write_text(json.dumps({"runs": previous}, indent=1) + "\n")
     print(table(runs))
+    print()
+    print(diagnosis_table(runs))
     if args.figures:
         figures(runs, args.figures)
 
