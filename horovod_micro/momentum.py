@@ -19,9 +19,15 @@ buffers stay identical across ranks.
 
 It acts on every optimizer whose per-parameter state has a ``momentum_buffer``
 (``torch.optim.SGD`` with ``momentum > 0``, ``RMSprop`` with ``momentum > 0``); other
-optimizers are left alone. Turn it off with ``momentum_masking=False`` on the compressor
-(``hvm.Compression.micro(density, momentum_masking=False)``) to run the method as
-published, with the momentum applied to the sparse aggregate like to a dense gradient.
+optimizers are left alone.
+
+Tuning: the compressor's ``momentum_masking`` argument. MiCRO's default (``None``) masks
+from 8 ranks on: there the linearly scaled learning rate makes the momentum's re-applied
+bursts diverge, while on fewer ranks the momentum's acceleration is worth more than the
+protection (short runs converge markedly slower with masking). ``True`` masks at any size,
+the first thing to try when a sparse run diverges; ``False`` never masks (the method as
+published, with the momentum applied to the sparse aggregate like to a dense gradient).
+The baselines default to ``False``.
 """
 
 from __future__ import annotations
