@@ -103,12 +103,14 @@ class Diagnosis:
         self.last = torch.zeros(numel, dtype=torch.long)
         self.rows: list[dict] = []
 
-    def record(self, t: int, summed: torch.Tensor, applied: torch.Tensor,
+    def record(self, t: int, summed: torch.Tensor | None, applied: torch.Tensor,
                aggregate: torch.Tensor, residual_norm: float) -> None:
+        """Every step: the waits of ``applied``; steps with ``summed`` (the workers' summed
+        ``a_t``, read every ``DIAGNOSE_EVERY`` steps) also add a row."""
         applied = applied.long()
         waited = (t + 1 - self.last[applied]).double()
         self.last[applied] = t + 1
-        if t % DIAGNOSE_EVERY:
+        if summed is None:
             return
         best = torch.zeros(summed.numel(), dtype=torch.bool)
         best[summed.abs().topk(min(self.k, summed.numel())).indices] = True
@@ -185,6 +187,7 @@ def train(method: str, *, n: int, density: float, epochs: float, seed: int = 1,
             perm = None
             for it in range(iters):
                 grads = summed = None
+                residual_norm = 0.0
                 if rank == 0:
                     if it % steps_per_epoch == 0:
                         perm = torch.randperm(len(x), generator=order)
@@ -201,9 +204,7 @@ def train(method: str, *, n: int, density: float, epochs: float, seed: int = 1,
                     sent.append(max(sizes))
                     if reducer.applied is not None:
                         applied = reducer.applied
-                        diagnosis.record(it, summed if summed is not None else flat.grad,
-                                         applied, flat.grad,
-                                         residual_norm if summed is not None else 0.0)
+                        diagnosis.record(it, summed, applied, flat.grad, residual_norm)
                     apply(it, flat.grad.detach())
                     if reducer.applied is not None and reducer.sparsifier.masks(n):
                         mask_momentum(optimizer, layout.params, layout.slices, applied)

@@ -162,16 +162,21 @@ class ThresholdSelector:
     def _native(self, segment: torch.Tensor, threshold: float, offset: int,
                 values: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         n = segment.numel()
+        if values:
+            return self._into_buffers(lambda idx, out, cap: _native_select_values(
+                segment.data_ptr(), n, threshold, offset, idx, out, cap))
+        return self._into_buffers(lambda idx, _, cap: _native_select(
+            segment.data_ptr(), n, threshold, offset, idx, cap), values=False)
+
+    def _into_buffers(self, kernel, values: bool = True
+                      ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``kernel(index_ptr, value_ptr, capacity) -> count`` into buffers of
+        ``capacity`` entries; a count beyond it grows the capacity and runs it again."""
         while True:
             buffer = torch.empty(self.capacity, dtype=torch.int32)
-            if values:
-                out = torch.empty(self.capacity, dtype=torch.float32)
-                count = _native_select_values(segment.data_ptr(), n, threshold, offset,
-                                              buffer.data_ptr(), out.data_ptr(), self.capacity)
-            else:
-                out = None
-                count = _native_select(segment.data_ptr(), n, threshold, offset,
-                                       buffer.data_ptr(), self.capacity)
+            out = torch.empty(self.capacity, dtype=torch.float32) if values else None
+            count = kernel(buffer.data_ptr(), None if out is None else out.data_ptr(),
+                           self.capacity)
             if count <= self.capacity:
                 return buffer[:count], None if out is None else out[:count]
             self.capacity = int(count * 1.5) + 1
@@ -238,12 +243,6 @@ class DriftSelector(ThresholdSelector):
 
     def _native_drift(self, segment, last, now, wait, threshold, offset):
         n = segment.numel()
-        while True:
-            buffer = torch.empty(self.capacity, dtype=torch.int32)
-            out = torch.empty(self.capacity, dtype=torch.float32)
-            count = _native_drift(segment.data_ptr(), last.data_ptr(), now, wait, n,
-                                  threshold, offset, buffer.data_ptr(), out.data_ptr(),
-                                  self.capacity)
-            if count <= self.capacity:
-                return buffer[:count], out[:count]
-            self.capacity = int(count * 1.5) + 1
+        return self._into_buffers(lambda idx, out, cap: _native_drift(
+            segment.data_ptr(), last.data_ptr(), now, wait, n, threshold, offset, idx, out,
+            cap))

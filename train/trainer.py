@@ -55,21 +55,19 @@ def build_compression(name: str, density: float, controller: str | None = None,
             f"--compressor {name}: this horovod_micro has no Compression.{name} "
             f"(available: {', '.join(compressor_names())})")
     dense = isinstance(factory, type) and issubclass(factory, HorovodCompressor)
-    extra = {} if momentum_masking is None else {"momentum_masking": momentum_masking}
-    if extra and (dense or "momentum_masking" not in inspect.signature(factory).parameters):
-        raise TrainError(f"--momentum-masking applies to sparse methods, not --compressor "
-                         f"{name}")
-    if judge is not None:
-        if dense or "judge" not in inspect.signature(factory).parameters:
-            raise TrainError(f"--judge applies to micro, not --compressor {name}")
-        extra["judge"] = judge
+    params = {} if dense else inspect.signature(factory).parameters
+    extra = {}
+    for flag, key, value, applies in (
+            ("--momentum-masking", "momentum_masking", momentum_masking, "sparse methods"),
+            ("--judge", "judge", judge, "micro"),
+            ("--controller", "controller", controller, "micro")):
+        if value is None:
+            continue
+        if key not in params:
+            raise TrainError(f"{flag} applies to {applies}, not --compressor {name}")
+        extra[key] = value
     if dense:
         return factory
-    params = inspect.signature(factory).parameters
-    if controller is not None:
-        if "controller" not in params:
-            raise TrainError(f"--controller applies to micro, not --compressor {name}")
-        return factory(density=density, controller=controller, **extra)
     if extra:
         return factory(density=density, **extra)
     if "density" in params:

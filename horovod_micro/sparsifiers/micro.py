@@ -19,8 +19,8 @@ Per iteration ``t`` on rank ``r`` of ``n``:
    Traffic per rank is O(k), independent of ``n``.
 4. Every rank zeroes its residual at the union (it sent its value there; with
    ``fp16_values`` it keeps the rounding error, :meth:`Sparsifier.wire_error`).
-5. With momentum masking (default, :mod:`horovod_micro.momentum`) the wrapped optimizer's
-   momentum is cleared where the aggregate arrived, after its step.
+5. With momentum masking (by default from 8 ranks, :mod:`horovod_micro.momentum`) the
+   wrapped optimizer's momentum is cleared where the aggregate arrived, after its step.
 6. The threshold is steered from what every rank knows after step 2 (the counts, and one
    integer per rank in the gather's header), so every rank holds the same controller state
    with no extra message. ``controller=`` picks the rule: ``"bounded"`` (default,
