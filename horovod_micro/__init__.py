@@ -9,6 +9,7 @@
 """
 
 from .compression import Compression
+from .deadline import ExchangeTimeout
 from .exchange import CollectiveInputError
 from .optimizer import DistributedOptimizer
 from .sparsifiers.base import SparseGradient, Sparsifier
@@ -20,6 +21,7 @@ __all__ = [
     "CollectiveInputError",
     "Compression",
     "DistributedOptimizer",
+    "ExchangeTimeout",
     "SparseGradient",
     "Sparsifier",
     "StatsLog",

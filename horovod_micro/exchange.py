@@ -37,7 +37,6 @@ Bytes are accounted with the ring model of :mod:`horovod_micro.stats`.
 from __future__ import annotations
 
 import math
-import os
 import pickle
 import time
 from dataclasses import dataclass, field
@@ -46,6 +45,7 @@ import horovod.torch as hvd
 import torch
 
 from .consistency import describe_disagreement
+from .deadline import bounded, timeout_from_env
 from .stats import ring_allgather_bytes, ring_allreduce_bytes
 
 # Status codes carried in the block header. Non-zero codes above NONFINITE are errors.
@@ -78,39 +78,6 @@ class CollectiveInputError(RuntimeError):
     """A rank reported, through the exchange, an input that no rank can proceed with."""
 
 
-class ExchangeTimeout(RuntimeError):
-    """A gather of the sparse exchange found no partner within
-    ``HOROVOD_MICRO_EXCHANGE_TIMEOUT_SECONDS`` (the other ranks are elsewhere)."""
-
-
-TIMEOUT_ENV = "HOROVOD_MICRO_EXCHANGE_TIMEOUT_SECONDS"
-
-
-def _timeout_from_env() -> float | None:
-    value = os.environ.get(TIMEOUT_ENV)
-    return float(value) if value else None
-
-
-def _wait(handle, timeout: float, name: str) -> torch.Tensor:
-    """``hvd.synchronize(handle)``, but raise :class:`ExchangeTimeout` after ``timeout`` s.
-
-    Horovod 0.28.1's stall check does not end such a wait on Gloo here (measured: README,
-    "Bad inputs"), so without this a rank calling ``step()`` once more than the others,
-    while they wait in another collective, waits forever. Polling backs off from 50 us to
-    5 ms, so a step pays at most a few milliseconds, and only with the variable set."""
-    deadline, pause = time.monotonic() + timeout, 5e-5
-    while not hvd.poll(handle):
-        if time.monotonic() > deadline:
-            raise ExchangeTimeout(
-                f"{name}: no other rank joined this collective within {timeout:g} s "
-                f"({TIMEOUT_ENV}). The ranks are out of step: step() or synchronize() was "
-                "called more often on some ranks (uneven data?), or another rank is in a "
-                "different collective, or gone")
-        time.sleep(pause)
-        pause = min(2 * pause, 5e-3)
-    return hvd.synchronize(handle)
-
-
 @dataclass
 class Traffic:
     """Bytes and seconds spent in collectives during one exchange on this rank."""
@@ -141,9 +108,9 @@ class Comm:
 
     process_set: hvd.ProcessSet = field(default_factory=lambda: hvd.global_process_set)
     prefix: str = "hvm"
-    #: seconds a gather may wait for the other ranks (``HOROVOD_MICRO_EXCHANGE_TIMEOUT_
-    #: SECONDS``; unset: forever, as Horovod's own collectives)
-    timeout: float | None = field(default_factory=_timeout_from_env)
+    #: seconds a collective may wait for the other ranks (:mod:`horovod_micro.deadline`;
+    #: ``None``: forever)
+    timeout: float | None = field(default_factory=timeout_from_env)
 
     @property
     def rank(self) -> int:
@@ -161,26 +128,43 @@ class Comm:
     # Horovod in unit tests of a sparsifier.
     def allgather(self, tensor: torch.Tensor, role: str) -> torch.Tensor:
         """Every rank's ``tensor`` concatenated along dim 0, in rank order."""
-        if self.timeout is None:
+        with bounded(self.name(role), self.timeout):
             return hvd.allgather(tensor, name=self.name(role), process_set=self.process_set)
-        handle = hvd.allgather_async(tensor, name=self.name(role),
-                                     process_set=self.process_set)
-        return _wait(handle, self.timeout, self.name(role))
 
     def allreduce_(self, tensor: torch.Tensor, role: str, op, prescale: float,
                    postscale: float) -> torch.Tensor:
         """Horovod's ``allreduce_``: ``postscale * sum(prescale * x)`` (``/ size`` for
         ``op=hvd.Average``), in place."""
-        return hvd.allreduce_(tensor, name=self.name(role), op=op, prescale_factor=prescale,
-                              postscale_factor=postscale, process_set=self.process_set)
+        with bounded(self.name(role), self.timeout):
+            return hvd.allreduce_(tensor, name=self.name(role), op=op,
+                                  prescale_factor=prescale, postscale_factor=postscale,
+                                  process_set=self.process_set)
 
     def alltoall(self, tensor: torch.Tensor, splits: list[int],
                  role: str) -> tuple[torch.Tensor, list[int]]:
         """Rows ``splits[d]`` of ``tensor`` to rank ``d``; what arrived, and its row counts
         by source rank."""
-        output, received = hvd.alltoall(tensor, splits=torch.tensor(splits, dtype=torch.int32),
-                                        name=self.name(role), process_set=self.process_set)
+        with bounded(self.name(role), self.timeout):
+            output, received = hvd.alltoall(tensor, splits=torch.tensor(splits,
+                                                                        dtype=torch.int32),
+                                            name=self.name(role), process_set=self.process_set)
         return output, [int(c) for c in received]
+
+    def broadcast_object(self, obj, root_rank: int, role: str):
+        """``obj`` of Horovod rank ``root_rank`` (a member of the set), on every rank: two
+        broadcasts, its pickled length and then its bytes."""
+        root = hvd.rank() == root_rank
+        payload = (torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
+                   if root else torch.empty(0, dtype=torch.uint8))
+        size = torch.tensor([payload.numel()], dtype=torch.int64)
+        with bounded(self.name(role), self.timeout):
+            size = hvd.broadcast(size, root_rank, name=self.name(f"{role}-size"),
+                                 process_set=self.process_set)
+            if not root:
+                payload = torch.empty(int(size[0]), dtype=torch.uint8)
+            payload = hvd.broadcast(payload, root_rank, name=self.name(role),
+                                    process_set=self.process_set)
+        return pickle.loads(payload.numpy().tobytes())
 
 
 @dataclass

@@ -258,11 +258,16 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if self._included and (not self._checked
                                or self.process_set.size() != self._bound_size):
             self.rebind()
+        if self._synchronized and not any(self._passes.values()):
+            # Already exchanged, and no backward since: the gradients are the aggregate,
+            # and exchanging them again would change them (dense Horovod's second
+            # allreduce of equal averages is a no-op; a sparse one is not).
+            return
         try:
             change = self._parameter_change() if self._included else None
             if self._included and self._sparse:
                 if self._state_sync_pending:
-                    self._adopt_shared_state()
+                    self._adopt_shared_state(check_parameters=True)
                 self._follow_loss_scale()
                 try:
                     self._reducer.reduce(PARAMS_CHANGED if change else OK)
@@ -300,7 +305,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return parameter_changes(self.param_groups, self._wrapped_ids, self._layout.params,
                                  self._parameter_names)
 
-    def _adopt_shared_state(self) -> None:
+    def _adopt_shared_state(self, check_parameters: bool = False) -> None:
         """Make the iteration and the sparsifier's state (e.g. MiCRO's controller) those of
         the set's first rank; each rank keeps its own residual.
 
@@ -310,13 +315,45 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         start from iteration 0, parts would overlap, and thresholds would differ. Runs once
         after construction and after each ``load_state_dict`` (every rank constructs,
         so every rank takes part), and is a no-op when the ranks already agree.
+
+        ``check_parameters`` (the first exchange, and the first after a load): first
+        compare the ranks' parameters, see :meth:`_check_same_parameters`.
         """
         root = (self.process_set.ranks or list(range(hvd.size())))[0]
-        shared = hvd.broadcast_object(self._reducer.shared_state(), root_rank=root,
-                                      name=self._comm.name("shared-state"),
-                                      process_set=self.process_set)
+        if check_parameters:
+            self._check_same_parameters()
+        shared = self._comm.broadcast_object(self._reducer.shared_state(), root,
+                                             "shared-state")
         self._reducer.load_shared_state(shared)
         self._state_sync_pending = False
+
+    def _check_same_parameters(self) -> None:
+        """Raise on every rank unless every rank holds the same parameters.
+
+        Ranks whose weights differ at the first exchange would train apart with no error:
+        the model was not broadcast (``hvd.broadcast_parameters``), or two same-shaped
+        models' optimizers were built in a different order on different ranks, so their
+        collectives (named by shapes and build order) pair one rank's model with another
+        rank's other model. Two float64 sums per rank, gathered once.
+        """
+        params = [p.detach() for p in self._layout.params]
+        if params:
+            digest = torch.stack([torch.stack([p.sum(dtype=torch.float64),
+                                               p.double().square().sum()]) for p in params])
+            digest = digest.sum(0).cpu()
+        else:
+            digest = torch.zeros(2, dtype=torch.float64)
+        everyone = self._comm.allgather(digest.view(1, 2), "parameters")
+        first = everyone[0]
+        differ = [r for r in range(1, everyone.shape[0])
+                  if not torch.allclose(everyone[r], first, rtol=1e-9, atol=0.0)]
+        if differ:
+            raise CollectiveInputError(
+                f"the parameters of rank(s) {differ} differ from those of the set's first "
+                "rank at the first exchange: broadcast them first "
+                "(hvd.broadcast_parameters(model.state_dict(), root_rank=0)), and build "
+                "the optimizers of same-shaped models in the same order on every rank "
+                "(their collectives pair up by shapes and build order)")
 
     # ----- Elastic Horovod -----------------------------------------------------------------
     def _check_comm(self) -> Comm:
@@ -513,13 +550,25 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return state
 
     def load_state_dict(self, state_dict: dict) -> None:
+        """Load a :meth:`state_dict`, all or nothing: if any part is refused, the
+        optimizer keeps its state from before. A sparse state saved at another number of
+        ranks loads on the rank that saved it (its residual) and maps the sparsifier's
+        state onto this number of ranks, as an elastic reset does."""
         state_dict = dict(state_dict)
         sparse_state = state_dict.pop(_STATE_KEY, None)
-        self._load_wrapped_state(state_dict)
-        if self._reducer is not None and sparse_state is not None:
-            self._reducer.load_state_dict(sparse_state)
-            self._loss_scale = sparse_state.get("loss_scale", 1.0)
-            self._state_sync_pending = True
+        reducer = self._reducer
+        if reducer is None or sparse_state is None:
+            self._load_wrapped_state(state_dict)
+            return
+        backup = reducer.state_dict()
+        reducer.load_state_dict(sparse_state)  # checks everything before it changes anything
+        try:
+            self._load_wrapped_state(state_dict)
+        except Exception:
+            reducer.load_state_dict(backup)
+            raise
+        self._loss_scale = sparse_state.get("loss_scale", 1.0)
+        self._state_sync_pending = True
 
 
 class _Unbuildable:

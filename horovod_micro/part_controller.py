@@ -188,11 +188,12 @@ class PartController:
                selector: ThresholdSelector, scale: float) -> tuple[torch.Tensor, float, int]:
         """This rank's selection in ``acc[start:end]``: (indices, threshold, report)."""
         segment, numel = acc[start:end], acc.numel()
-        if self.density >= 1.0 and self.correct:
+        if self.density >= 1.0:
             # Density 1: the target is the whole part, and everything goes, as a dense
-            # exchange would send it; the report is the neutral step (no learning needed).
+            # exchange would send it; the report is the neutral step (no learning needed):
+            # for the scale rule, its count is the whole part.
             indices = torch.arange(start, end, device=acc.device).to(index_dtype(numel))
-            return indices, 0.0, round(self.bias)
+            return indices, 0.0, round(self.bias) if self.correct else indices.numel()
         th0 = self.base_threshold(part, scale)
         if not 0.0 < th0 < math.inf:  # an all-zero a_t (rms 0): nothing to send or learn
             return selector(segment, math.inf, start, numel), math.inf, (

@@ -28,6 +28,7 @@ float64), as CUDA tensors do.
 
 from __future__ import annotations
 
+import copy
 import math
 import warnings
 from collections.abc import Callable, Sequence
@@ -98,11 +99,31 @@ class FlatLayout:
         self.numel = offset
         self.device = self.params[0].device if self.params else torch.device("cpu")
         self.dtype = flat_dtype(p.dtype for p in self.params)
+        # Parameters narrower than the flat buffer (float16 in a float32 buffer): the
+        # largest value their gradient can hold, per run of the flat vector
+        # (see :meth:`unrepresentable`); None when every parameter has the buffer's range.
+        self._narrow: tuple[torch.Tensor, torch.Tensor] | None = None
+        limits = [torch.finfo(p.dtype).max if p.dtype.is_floating_point else math.inf
+                  for p in self.params]
+        if any(limit < torch.finfo(self.dtype).max for limit in limits):
+            starts = torch.tensor([start for start, _ in self.slices], device=self.device)
+            self._narrow = (starts, torch.tensor(limits, dtype=self.dtype, device=self.device))
 
     def views(self, flat: torch.Tensor) -> list[torch.Tensor]:
         """Each parameter's slice of the N-sized ``flat``, shaped like the parameter (views,
         no copy: writes through one land in ``flat``)."""
         return [flat[start:end].view_as(p) for p, (start, end) in zip(self.params, self.slices)]
+
+    def unrepresentable(self, indices: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        """Which of ``values`` (at flat ``indices``) no parameter's ``.grad`` can hold:
+        NaN, Inf, or beyond the range of a narrower parameter's dtype (a float32
+        aggregate of 80000 would be written into a float16 ``.grad`` as Inf)."""
+        bad = ~torch.isfinite(values)
+        if self._narrow is not None and values.numel():
+            starts, limits = self._narrow
+            owner = torch.searchsorted(starts, indices.to(starts.dtype), right=True) - 1
+            bad |= values.abs() > limits[owner]
+        return bad
 
     def signature(self) -> list[tuple[str, tuple[int, ...], str]]:
         """Names, shapes and dtypes; must be identical on every rank."""
@@ -191,8 +212,10 @@ class SparseReducer:
         # NaN/Inf in some rank's a_t came with the status; a value that overflowed on the
         # wire (fp16_values) or in the sum shows in the aggregate, which every rank holds
         # identically, so it is judged the same everywhere without another message.
+        # So does an aggregate beyond a float16 parameter's range.
         nonfinite = (reduced.gathered.nonfinite()
-                     or not bool(torch.isfinite(reduced.values).all()))
+                     or bool(self.layout.unrepresentable(reduced.indices,
+                                                         reduced.values).any()))
         if nonfinite:
             residual_norm = self._skip(reduced)
         else:
@@ -283,16 +306,18 @@ class SparseReducer:
         spread it, so a GradScaler skips the step everywhere, and the threshold stays.
         Nothing was applied, so the residual keeps ``a_t``, all of it but two kinds of
         entry, which become 0: its own non-finite entries (they would poison every later
-        step) and the coordinates whose aggregate came out non-finite (a value that cannot
-        travel or be summed would overflow again at once and block training for good;
-        every rank holds the same aggregate, so every rank drops the same coordinates).
+        step) and the coordinates whose aggregate came out non-finite or beyond a float16
+        parameter's range (a value that cannot travel, be summed or be written back would
+        overflow again at once and block training for good; every rank holds the same
+        aggregate, so every rank drops the same coordinates).
         Returns the residual's norm."""
         acc = self.residual
         self._written = None
         self.applied = None
         self.output.fill_(math.nan)
         torch.nan_to_num_(acc, nan=0.0, posinf=0.0, neginf=0.0)
-        overflowed = reduced.indices[~torch.isfinite(reduced.values)]
+        overflowed = reduced.indices[self.layout.unrepresentable(reduced.indices,
+                                                                  reduced.values)]
         acc.index_fill_(0, overflowed.long(), 0.0)
         return _norm(acc)
 
@@ -455,14 +480,31 @@ class SparseReducer:
         if state["config"] != self.sparsifier.config():
             raise ValueError(f"checkpoint was made with {state['config']}, this optimizer "
                              f"uses {self.sparsifier.config()}")
-        saved = (state.get("rank", self.comm.rank), state.get("size", self.comm.size))
-        if saved != (self.comm.rank, self.comm.size):
+        saved_rank = state.get("rank", self.comm.rank)
+        saved_size = state.get("size", self.comm.size)
+        if saved_rank != self.comm.rank:
             raise ValueError(
-                f"this optimizer state is rank {saved[0]} of {saved[1]}'s, but this is rank "
-                f"{self.comm.rank} of {self.comm.size}: the error-feedback residual belongs "
-                "to the rank that accumulated it. Load each rank's own optimizer state, or "
-                "load on rank 0 only and call hvd.broadcast_optimizer_state(optimizer, 0) on "
-                "every rank (the iteration and the threshold controller then follow rank 0; "
-                "the other ranks restart with an empty residual)")
-        self.residual.copy_(state["residual"])
-        self.load_shared_state(state)
+                f"this optimizer state is rank {saved_rank} of {saved_size}'s, but this is "
+                f"rank {self.comm.rank}: the error-feedback residual belongs to the rank that "
+                "accumulated it. Load each rank's own optimizer state, or load on rank 0 only "
+                "and call hvd.broadcast_optimizer_state(optimizer, 0) on every rank (the "
+                "iteration and the sparsifier's state then follow rank 0; the other ranks "
+                "restart with an empty residual)")
+        residual = state["residual"]
+        if not isinstance(residual, torch.Tensor) or residual.numel() != self.layout.numel:
+            raise ValueError("checkpoint's residual does not match this model")
+        # All or nothing: the sparsifier's state is loaded for the saved number of ranks
+        # and then mapped onto this one's (as an elastic reset does); if any of it fails,
+        # the state from before stays.
+        size, before = self.comm.size, copy.deepcopy(self.shared_state())
+        try:
+            if saved_size != size:
+                self.sparsifier.rebind(saved_size)
+            self.load_shared_state(state)
+        except Exception:
+            self.sparsifier.rebind(size)
+            self.load_shared_state(before)
+            raise
+        if saved_size != size:
+            self.sparsifier.rebind(size)
+        self.residual.copy_(residual)

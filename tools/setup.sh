@@ -189,7 +189,7 @@ stale=0
 for source in "$REPO/setup.cfg" "$REPO/setup.py" "$REPO"/horovod_micro/_native/*.c; do
     [ "$source" -nt "$VENV/.hvm-installed" ] && stale=1
 done
-if ! "$PY" -c 'import horovod_micro, pytest, sklearn, mpi4py, tensorboard' 2>/dev/null \
+if ! "$PY" -c 'import horovod_micro, pytest, hypothesis, sklearn, mpi4py, tensorboard' 2>/dev/null \
         || [ "$stale" = 1 ]; then
     log "installing horovod_micro (editable) with its test extra"
     "${PIP[@]}" -e "$REPO[test]"

@@ -25,6 +25,7 @@ from ``select``.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -127,6 +128,9 @@ class Sparsifier:
 
     def __init__(self, density: float | None, *, error_feedback: bool = True,
                  fp16_values: bool = False, momentum_masking: bool | None = None):
+        # A NumPy scalar (np.float32(0.05)) is a number too: held as a Python float.
+        if isinstance(density, numbers.Real) and not isinstance(density, bool):
+            density = float(density)
         self.density = density
         self.error_feedback = error_feedback
         self.fp16_values = fp16_values

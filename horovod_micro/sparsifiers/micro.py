@@ -40,7 +40,7 @@ from ..density_controller import DensityController, PaperController
 from ..exchange import Traffic, allreduce_values
 from ..part_controller import PartController
 from ..partition import owned_part, part_bounds
-from ..selection import DriftSelector, ThresholdSelector
+from ..selection import DriftSelector, ThresholdSelector, index_dtype
 from .base import Reduced, Reduction, Selection, Sparsifier
 from .registry import register
 
@@ -193,8 +193,14 @@ class MicroCompressor(Sparsifier):
             now = iteration + 1
             self._selector.bind(acc[start:end], self.last[start:end], now,
                                 min(1.0 / self.density, float(now)))
-        indices, self._threshold, report = self.controller.select(
-            acc, start, end, part, self._selector, self._scale)
+        if self.density >= 1.0 and not isinstance(self.controller, PartController):
+            # Density 1 with a shared threshold: the whole part goes, as a dense exchange
+            # would send it (the per-part controllers do the same themselves).
+            indices = torch.arange(start, end, device=acc.device).to(index_dtype(self.numel))
+            self._threshold, report = 0.0, 0
+        else:
+            indices, self._threshold, report = self.controller.select(
+                acc, start, end, part, self._selector, self._scale)
         self._iteration = iteration
         return Selection(indices, aux=report)
 
