@@ -9,7 +9,7 @@ all methods side by side in one run, interleaved, repeated, medians reported:
   rank's part, N/n elements, at the threshold that selects ``density`` of that part (what
   the density controller steers to); the part rotates with the repetition, as in training;
 * ``micro drift n=..``: MiCRO's default judge (``DriftSelector``: the same pass over the
-  part, reading each coordinate's int32 age beside it, ``|a| sqrt(wait / age) >= t``), with
+  part, reading each coordinate's 16-bit age stamp beside it, ``|a| sqrt(wait / age) >= t``), with
   ages drawn uniformly from 1 to 2/d (mean wait 1/d) and the threshold that selects
   ``density`` of the part by that score;
 * ``read floor n=..``: ``torch.sum`` of the same part: one read pass, the physical floor;
@@ -52,7 +52,13 @@ import torch
 
 from bench.common import median, real_gradient, timed
 from horovod_micro.partition import part_bounds
-from horovod_micro.selection import DriftSelector, ThresholdSelector, drift_scores, native_available
+from horovod_micro.selection import (
+    DriftSelector,
+    ThresholdSelector,
+    drift_scores,
+    native_available,
+    stamps,
+)
 
 PARTS = (2, 4, 8, 16)
 DENSITIES = (0.01, 0.001)
@@ -109,7 +115,7 @@ def main() -> None:
     for d in densities:
         k = int(d * N)
         gen = torch.Generator().manual_seed(1)
-        last = (now - torch.randint(1, int(2 / d) + 1, (N,), generator=gen)).to(torch.int32)
+        last = stamps(now - torch.randint(1, int(2 / d) + 1, (N,), generator=gen))
         scores = drift_scores(g, last, now, 1.0 / d)
         cases[d] = {"k": k, "t_full": kth_magnitude(g, k), "parts": {}, "last": last,
                     "drift": {}}

@@ -24,15 +24,18 @@ import time
 from contextlib import contextmanager
 
 import horovod.torch as hvd
+from horovod.common.exceptions import HorovodInternalError
 
 TIMEOUT_ENV = "HOROVOD_MICRO_EXCHANGE_TIMEOUT_SECONDS"
 DEFAULT_TIMEOUT_S = 45.0
 _TICK_S = 0.5  # how often the watching thread looks; a deadline fires within one tick
 
 
-class ExchangeTimeout(RuntimeError):
+class ExchangeTimeout(HorovodInternalError):
     """A collective of the sparse exchange found no partner within the deadline
-    (``HOROVOD_MICRO_EXCHANGE_TIMEOUT_SECONDS``): the ranks are out of step."""
+    (``HOROVOD_MICRO_EXCHANGE_TIMEOUT_SECONDS``): the ranks are out of step, and Horovod
+    was shut down. A ``HorovodInternalError``, as the other ranks' errors are: under
+    Elastic Horovod every rank then restores its last commit and resets."""
 
 
 def timeout_from_env() -> float | None:

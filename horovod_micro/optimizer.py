@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import math
 import os
 import time
 import warnings
@@ -86,6 +87,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._loss_scale = 1.0
         self.last_stats: StepStats | None = None
         self._synchronized = False
+        # A sparse exchange whose aggregate is still in .grad: no step(), zero_grad() or
+        # backward since. A second synchronize() then exchanges nothing (see synchronize).
+        self._exchanged = False
         self._should_synchronize = True
         self._closed = False
         self._handles: dict = {}
@@ -97,6 +101,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         # first adopts the iteration and the sparsifier's state of the set's first rank
         # (Horovod's resume idiom loads on rank 0 only; see ``_adopt_shared_state``).
         self._state_sync_pending = True
+        # Whether load_state_dict ran since construction (see _check_same_parameters).
+        self._loaded = False
 
         try:
             named = _name_parameters(self.param_groups, named_parameters)
@@ -198,6 +204,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 "call to step(). Increase backward_passes_per_step to accumulate "
                 "gradients locally.")
         self._passes[p] += 1
+        self._exchanged = False
         if self._reducer is not None:
             self._reducer.count_accumulation(p)
         if not self._sparse and self._passes[p] == self.backward_passes_per_step:
@@ -258,10 +265,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if self._included and (not self._checked
                                or self.process_set.size() != self._bound_size):
             self.rebind()
-        if self._synchronized and not any(self._passes.values()):
-            # Already exchanged, and no backward since: the gradients are the aggregate,
-            # and exchanging them again would change them (dense Horovod's second
-            # allreduce of equal averages is a no-op; a sparse one is not).
+        if self._exchanged and self._reducer.grads_hold_the_aggregate():
+            # Already exchanged, and no step(), zero_grad(), backward or new .grad since:
+            # the gradients are the aggregate, and a second sparse exchange would change
+            # them (dense exchanges run again, as Horovod's do: a second allreduce of
+            # equal averages changes nothing).
             return
         try:
             change = self._parameter_change() if self._included else None
@@ -285,6 +293,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             # start clean on every rank.
             self._forget_pending_exchange()
         self._synchronized = True
+        self._exchanged = self._reducer is not None
 
     def _forget_pending_exchange(self) -> None:
         """Drop the handles of gradients already sent and zero the backward-pass counts."""
@@ -296,7 +305,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """Load the wrapped optimizer's ``state``, forgetting any exchange in flight; the
         next step synchronizes again (``load_state_dict`` and the elastic restore)."""
         self._forget_pending_exchange()
-        self._synchronized = False
+        self._synchronized = self._exchanged = False
         self._should_synchronize = True
         super(self.__class__, self).load_state_dict(state)
 
@@ -334,19 +343,26 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         the model was not broadcast (``hvd.broadcast_parameters``), or two same-shaped
         models' optimizers were built in a different order on different ranks, so their
         collectives (named by shapes and build order) pair one rank's model with another
-        rank's other model. Two float64 sums per rank, gathered once.
+        rank's other model. Each rank gathers four float64 numbers once
+        (:func:`_parameter_digest`, and whether it loaded a state), to within 1 % of the
+        weights' norm. Skipped when any rank loaded a state: Horovod's resume idiom
+        (``hvd.broadcast_optimizer_state`` after a load on rank 0) steps the other ranks'
+        fresh optimizers on zero gradients, which weight decay turns into a change of the
+        weights (of about ``lr`` per weight with Adam), as in stock Horovod.
         """
-        params = [p.detach() for p in self._layout.params]
-        if params:
-            digest = torch.stack([torch.stack([p.sum(dtype=torch.float64),
-                                               p.double().square().sum()]) for p in params])
-            digest = digest.sum(0).cpu()
-        else:
-            digest = torch.zeros(2, dtype=torch.float64)
-        everyone = self._comm.allgather(digest.view(1, 2), "parameters")
+        digest = _parameter_digest([p.detach() for p in self._layout.params])
+        loaded = torch.tensor([1.0 if self._loaded else 0.0], dtype=torch.float64)
+        everyone = self._comm.allgather(torch.cat([digest, loaded]).view(1, 4), "parameters")
+        self._loaded = False
+        if bool((everyone[:, 3] > 0).any()):
+            return
         first = everyone[0]
-        differ = [r for r in range(1, everyone.shape[0])
-                  if not torch.allclose(everyone[r], first, rtol=1e-9, atol=0.0)]
+        differ = []
+        for r in range(1, everyone.shape[0]):
+            norm = math.sqrt(max(float(first[2]), float(everyone[r][2]), 0.0))
+            if bool((everyone[r] - first)[:2].abs().max() > 1e-2 * norm) \
+                    or abs(float(everyone[r][2] - first[2])) > 2e-2 * norm * norm:
+                differ.append(r)
         if differ:
             raise CollectiveInputError(
                 f"the parameters of rank(s) {differ} differ from those of the set's first "
@@ -500,7 +516,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                               "optimizer.skip_synchronize() context if you use "
                               "optimizer.synchronize() in your code.", stacklevel=2)
             self.synchronize()
-        self._synchronized = False
+        self._synchronized = self._exchanged = False
         result = super(self.__class__, self).step(closure)
         self._mask_momentum()
         return result
@@ -519,6 +535,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             raise AssertionError("optimizer.zero_grad() was called after loss.backward() "
                                  "but before optimizer.step() or optimizer.synchronize(). "
                                  "This is prohibited as it can cause a race condition.")
+        self._exchanged = False
         if self._reducer is None:
             return super(self.__class__, self).zero_grad(set_to_none=set_to_none)
         # The parameters of the flat layout get their residual slice as .grad (zero-copy
@@ -569,6 +586,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             raise
         self._loss_scale = sparse_state.get("loss_scale", 1.0)
         self._state_sync_pending = True
+        self._loaded = True
 
 
 class _Unbuildable:
@@ -608,6 +626,23 @@ def _collective_prefix(set_id: int, layout: FlatLayout, compression) -> str:
     key = (set_id, digest)
     _built[key] += 1
     return f"hvm.ps{set_id}.{digest}.{_built[key] - 1}"
+
+
+def _parameter_digest(params: list[torch.Tensor]) -> torch.Tensor:
+    """Two projections of the flat parameters on fixed pseudo-random signs, and their
+    squared norm (float64, on the host). Two independently initialised copies of a model
+    have nearly the same norm, but projections that differ by about the norm itself."""
+    total = torch.zeros(3, dtype=torch.float64, device=params[0].device if params else "cpu")
+    offset = 0
+    for p in params:
+        flat = p.reshape(-1).double()
+        index = torch.arange(offset, offset + flat.numel(), device=flat.device)
+        for row, multiplier in enumerate((2654435761, 2246822519)):
+            sign = ((index * multiplier) % 4294967296 >= 2147483648).double() * 2.0 - 1.0
+            total[row] += torch.dot(flat, sign)
+        total[2] += torch.dot(flat, flat)
+        offset += flat.numel()
+    return total.cpu()
 
 
 def _take_part(p) -> None:

@@ -166,6 +166,8 @@ class SparseReducer:
         # The coordinates the last finite step gave an aggregate (None after a skipped
         # step): where momentum masking acts once the wrapped optimizer has stepped.
         self.applied: torch.Tensor | None = None
+        # What the last write-back put into each .grad (see grads_hold_the_aggregate).
+        self._aggregate_grads: list[tuple[torch.nn.Parameter, torch.Tensor]] = []
         # For benchmarks, the rules before: False zeroes the whole output on every step
         # (clear_support_only), and adds then squares in two torch passes (fused_accumulate).
         self.clear_support_only = True
@@ -438,6 +440,7 @@ class SparseReducer:
         self._view_accumulations = 0
 
     def _write_back(self) -> None:
+        written = []
         for p, view in zip(self.layout.params, self.layout.views(self.output)):
             if not p.requires_grad:  # frozen after wrapping: the optimizer must skip it
                 p.grad = None
@@ -445,6 +448,16 @@ class SparseReducer:
             if p.dtype != view.dtype:
                 view = view.to(p.dtype)
             p.grad = view
+            written.append((p, view))
+        self._aggregate_grads = written
+
+    def grads_hold_the_aggregate(self) -> bool:
+        """Whether every ``.grad`` is still the tensor the last exchange wrote (none was
+        assigned since): a second exchange would then only re-exchange the aggregate, or
+        that aggregate as clipped in place, which dense Horovod's second allreduce leaves
+        as it is."""
+        written = self._aggregate_grads
+        return bool(written) and all(p.grad is view for p, view in written)
 
     def rescale(self, ratio: float) -> None:
         """Gradients now come in units ``ratio`` times the previous ones (a loss scale

@@ -109,19 +109,20 @@ def test_drift_judge_matches_its_definition(numel, path, monkeypatch):
     values the ladder counts among) is selected on |x|."""
     from simulation import drift_score
 
-    from horovod_micro.selection import DriftSelector
+    from horovod_micro.selection import DriftSelector, stamps
 
     if path == "torch":
         monkeypatch.setenv("HOROVOD_MICRO_SELECT", "torch")
     gen = torch.Generator().manual_seed(numel + 7)
     acc = torch.randn(numel + 3, generator=gen)
     part = acc[3:]  # a view, as the part of a_t is
-    now, wait = 500, 37.0
-    last = now - torch.randint(1, 120, (numel,), generator=gen).to(torch.int32)
+    # Iterations past 2^16: the 16-bit stamps have wrapped, the ages must not.
+    now, wait = 70_000, 37.0
+    last = now - torch.randint(1, 40_000, (numel,), generator=gen).to(torch.int32)
     scores = drift_score(part, now - last, wait)
     selector = DriftSelector(capacity=4)  # forces the buffer to grow
     assert selector.use_native == (path == "native")
-    selector.bind(part, last, now, wait)
+    selector.bind(part, stamps(last), now, wait)
     cuts = [float(scores.quantile(q)) for q in (0.5, 0.99)] if numel else [1.0]
     if numel:
         cuts.append(float(scores[numel // 2]))  # a threshold equal to one score
@@ -134,3 +135,26 @@ def test_drift_judge_matches_its_definition(numel, path, monkeypatch):
         assert selector(part, cut, 3, 10**6).tolist() == expected
     plain = torch.randn(50, generator=gen)
     assert selector(plain, 0.5, 0, 50).tolist() == reference(plain, 0.5, 0)
+
+
+def test_drift_ages_are_capped_before_their_stamps_wrap():
+    """MiCRO keeps ages in 16-bit stamps: every AGE_RECAP iterations (and at the first
+    selection) ages above AGE_CAP become AGE_CAP, so no age reaches 2^16; others stay."""
+    import horovod_micro as hvm
+    from horovod_micro.loopback import LoopbackGroup
+    from horovod_micro.selection import AGE_CAP, AGE_RECAP, ages, stamps
+
+    micro = hvm.Compression.micro(density=0.5)
+    micro.bind(4, LoopbackGroup(1).comm(0))
+    now = 200_000
+    true_ages = torch.tensor([1, 5_000, AGE_CAP, AGE_CAP + 9_000], dtype=torch.int32)
+    micro.last = stamps(now - true_ages)
+    micro._cap_ages(now)
+    assert ages(micro.last, now).tolist() == [1, 5_000, AGE_CAP, AGE_CAP]
+    # Not again before AGE_RECAP iterations: ages grow, and stay below 2^16 meanwhile.
+    later = now + AGE_RECAP - 1
+    micro._cap_ages(later)
+    assert ages(micro.last, later).tolist() == [t + AGE_RECAP - 1 for t in
+                                                (1, 5_000, AGE_CAP, AGE_CAP)]
+    micro._cap_ages(later + 1)
+    assert ages(micro.last, later + 1).max() == AGE_CAP
