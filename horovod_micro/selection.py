@@ -22,6 +22,11 @@ import os
 import torch
 
 INT32_MAX = 2**31 - 1
+#: The drift judge's ages live in 16-bit stamps (mod 2^16): 2 bytes per coordinate beside
+#: its 4-byte value. MiCRO caps true ages at AGE_CAP and re-caps them every AGE_RECAP
+#: iterations, so no age reaches 2^16 and the difference of stamps is the age.
+AGE_CAP = 1 << 15
+AGE_RECAP = 1 << 14
 
 
 def native_library() -> ctypes.CDLL | None:
@@ -50,11 +55,11 @@ _native_select, _native_select_values = _load_native()
 
 
 def _load_drift():
-    """``hvm_select_drift_values`` from the built kernel, or None."""
+    """``hvm_select_drift16_values`` from the built kernel, or None."""
     lib = native_library()
-    if lib is None or not hasattr(lib, "hvm_select_drift_values"):
+    if lib is None or not hasattr(lib, "hvm_select_drift16_values"):
         return None
-    fn = lib.hvm_select_drift_values
+    fn = lib.hvm_select_drift16_values
     fn.restype = ctypes.c_int64
     fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_float,
                    ctypes.c_int64, ctypes.c_float, ctypes.c_int64, ctypes.c_void_p,
@@ -182,12 +187,31 @@ class ThresholdSelector:
             self.capacity = int(count * 1.5) + 1
 
 
+def stamp(iteration: int) -> int:
+    """The 16-bit stamp of ``iteration`` (``iteration mod 2^16`` as an int16 value)."""
+    low = iteration & 0xFFFF
+    return low - 0x10000 if low >= 0x8000 else low
+
+
+def stamps(iterations: torch.Tensor) -> torch.Tensor:
+    """:func:`stamp` of every entry, as an int16 tensor (any integer dtype in; a stamp
+    tensor comes back unchanged)."""
+    low = iterations.to(torch.int32) & 0xFFFF
+    return (low - ((low & 0x8000) << 1)).to(torch.int16)
+
+
+def ages(last: torch.Tensor, now: int) -> torch.Tensor:
+    """``now - last`` from 16-bit stamps (int32): the true age while it is below 2^16."""
+    return (now - last.to(torch.int32)) & 0xFFFF
+
+
 def drift_scores(segment: torch.Tensor, last: torch.Tensor, now: int,
                  wait: float) -> torch.Tensor:
-    """``segment * sqrt(wait / (now - last))`` (signed), in ``segment``'s dtype: the score
-    :class:`DriftSelector` judges, computed as the native kernel does (``wait / age``,
-    its square root, times ``segment``), which computes it for its candidates only."""
-    age = (now - last).to(segment.dtype)
+    """``segment * sqrt(wait / age)`` (signed; ``age`` from the 16-bit stamps ``last``,
+    :func:`ages`), in ``segment``'s dtype: the score :class:`DriftSelector` judges,
+    computed as the native kernel does (``wait / age``, its square root, times
+    ``segment``), which computes it for its candidates only."""
+    age = ages(last, now).to(segment.dtype)
     # A 0-d tensor filled on the device (no host-to-device copy): ``wait / age`` is then a
     # true division in the segment's dtype, as the kernel's. The square root is taken in
     # float64 and rounded once (correctly rounded, as the kernel's sqrtf; torch's
@@ -200,7 +224,8 @@ class DriftSelector(ThresholdSelector):
     """MiCRO's default judge: in the owned part, ``|a_i| * sqrt(wait / age_i) >= t``.
 
     ``age_i`` counts the iterations coordinate i has been accumulating in the residual
-    since it was last applied (``now - last[i]``, the same on every rank), ``wait`` is the
+    since it was last applied (``now - last[i]`` from 16-bit stamps, :func:`ages`; the same
+    on every rank), ``wait`` is the
     mean wait at the target density (``1 / d``, or the iterations so far while fewer), so a
     coordinate of average age scores its plain ``|a_i|``. A residual that grows because
     the gradient keeps its sign grows like its age, a random walk of noise only like the

@@ -232,6 +232,34 @@ drift_lanes(const float *x, const uint16_t *last, __m256i now_v, __m256 wait_v,
     return (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(lhs, rhs, _CMP_GE_OQ));
 }
 
+/* The exact score of 8 lanes (the same IEEE division, square root and product as
+ * drift_keep), kept where score >= t, in ascending order. */
+__attribute__((target("avx2,bmi"))) static inline void
+drift_exact8(const float *x, const uint16_t *last, __m256i now_v, __m256 wait_v, __m256 t_v,
+             int64_t at, int32_t *out, float *vals, int64_t cap, int64_t *count)
+{
+    const __m256 v = _mm256_loadu_ps(x);
+    const __m256i stamps = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)last));
+    const __m256 age = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_sub_epi32(now_v, stamps),
+                                                           _mm256_set1_epi32(0xffff)));
+    const __m256 w = _mm256_sqrt_ps(_mm256_div_ps(wait_v, age));
+    const __m256 abs_v = _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)));
+    unsigned m = (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(_mm256_mul_ps(abs_v, w), t_v,
+                                                            _CMP_GE_OQ));
+    float signed_score[8];
+    _mm256_storeu_ps(signed_score, _mm256_mul_ps(v, w));
+    while (m) {
+        const int j = __builtin_ctz(m);
+        if (*count < cap) {
+            out[*count] = (int32_t)(at + j);
+            if (vals)
+                vals[*count] = signed_score[j];
+        }
+        ++*count;
+        m &= m - 1;
+    }
+}
+
 __attribute__((target("avx2,bmi"))) static int64_t
 drift_avx2(const float *x, const uint16_t *last, uint32_t now16, float wait, int64_t n,
            float t, int64_t base, int32_t *out, float *vals, int64_t cap)
@@ -239,22 +267,31 @@ drift_avx2(const float *x, const uint16_t *last, uint32_t now16, float wait, int
     const float loose = t * t * (1.0f - 1e-6f);
     const __m256i now_v = _mm256_set1_epi32((int)now16);
     const __m256 wait_v = _mm256_set1_ps(wait), loose_v = _mm256_set1_ps(loose);
+    const __m256 t_v = _mm256_set1_ps(t);
     int64_t count = 0;
     int64_t i = 0;
     for (; i + 32 <= n; i += 32) {
         HVM_PREFETCH(x + i + PREFETCH_AHEAD);
         HVM_PREFETCH(x + i + PREFETCH_AHEAD + 16);
         HVM_PREFETCH(last + i + PREFETCH_AHEAD);
-        uint32_t m = drift_lanes(x + i, last + i, now_v, wait_v, loose_v)
-                     | drift_lanes(x + i + 8, last + i + 8, now_v, wait_v, loose_v) << 8
-                     | drift_lanes(x + i + 16, last + i + 16, now_v, wait_v, loose_v) << 16
-                     | drift_lanes(x + i + 24, last + i + 24, now_v, wait_v, loose_v) << 24;
-        while (m) {
-            const int j = __builtin_ctz(m);
-            drift_keep(x[i + j], age16(now16, last[i + j]), wait, t, i + j, base, out, vals,
-                       cap, &count);
-            m &= m - 1;
-        }
+        const unsigned m0 = drift_lanes(x + i, last + i, now_v, wait_v, loose_v);
+        const unsigned m1 = drift_lanes(x + i + 8, last + i + 8, now_v, wait_v, loose_v);
+        const unsigned m2 = drift_lanes(x + i + 16, last + i + 16, now_v, wait_v, loose_v);
+        const unsigned m3 = drift_lanes(x + i + 24, last + i + 24, now_v, wait_v, loose_v);
+        if (!(m0 | m1 | m2 | m3))
+            continue;
+        if (m0)
+            drift_exact8(x + i, last + i, now_v, wait_v, t_v, base + i, out, vals, cap,
+                         &count);
+        if (m1)
+            drift_exact8(x + i + 8, last + i + 8, now_v, wait_v, t_v, base + i + 8, out,
+                         vals, cap, &count);
+        if (m2)
+            drift_exact8(x + i + 16, last + i + 16, now_v, wait_v, t_v, base + i + 16, out,
+                         vals, cap, &count);
+        if (m3)
+            drift_exact8(x + i + 24, last + i + 24, now_v, wait_v, t_v, base + i + 24, out,
+                         vals, cap, &count);
     }
     return drift_portable(x + i, last + i, now16, wait, n - i, t, base + i, out, vals, cap,
                           count);

@@ -40,7 +40,16 @@ from ..density_controller import DensityController, PaperController
 from ..exchange import Traffic, allreduce_values
 from ..part_controller import PartController
 from ..partition import owned_part, part_bounds
-from ..selection import DriftSelector, ThresholdSelector, index_dtype
+from ..selection import (
+    AGE_CAP,
+    AGE_RECAP,
+    DriftSelector,
+    ThresholdSelector,
+    ages,
+    index_dtype,
+    stamp,
+    stamps,
+)
 from .base import Reduced, Reduction, Selection, Sparsifier
 from .registry import register
 
@@ -94,10 +103,12 @@ class MicroCompressor(Sparsifier):
         self.controller_name = controller
         self.judge = judge if judge is not None else (
             "drift" if controller in ("bounded", "scale") else "magnitude")
-        # Per coordinate: the iteration after which its residual last started from zero
-        # (the drift judge's ages; the same on every rank). Made at the first selection,
-        # on the gradient's device.
+        # Per coordinate: a 16-bit stamp of the iteration after which its residual last
+        # started from zero (the drift judge's ages; the same on every rank). Made at the
+        # first selection, on the gradient's device; ages are capped at AGE_CAP, once
+        # every AGE_RECAP iterations (_cap_ages), so that stamps never wrap.
         self.last: torch.Tensor | None = None
+        self._capped_at: int | None = None
         self.controller: DensityController | PaperController | PartController | None = None
         self.bounds: list[tuple[int, int]] = []
         self._selector = ThresholdSelector()
@@ -189,8 +200,9 @@ class MicroCompressor(Sparsifier):
         start, end = self.bounds[part]
         if self.judge == "drift":
             if self.last is None or self.last.device != acc.device:
-                self.last = torch.zeros(self.numel, dtype=torch.int32, device=acc.device)
+                self.last = torch.zeros(self.numel, dtype=torch.int16, device=acc.device)
             now = iteration + 1
+            self._cap_ages(now)
             self._selector.bind(acc[start:end], self.last[start:end], now,
                                 min(1.0 / self.density, float(now)))
         if self.density >= 1.0 and not isinstance(self.controller, PartController):
@@ -204,6 +216,17 @@ class MicroCompressor(Sparsifier):
         self._iteration = iteration
         return Selection(indices, aux=report)
 
+    def _cap_ages(self, now: int) -> None:
+        """Ages above AGE_CAP become AGE_CAP: one pass over N every AGE_RECAP iterations
+        (and at the first selection after a load), so that no age reaches 2^16 and the
+        16-bit stamps stay exact. A coordinate left that long scores as if it had waited
+        AGE_CAP iterations, which changes its score by less than the noise it judges."""
+        if self._capped_at is not None and now - self._capped_at < AGE_RECAP:
+            return
+        old = ages(self.last, now) > AGE_CAP
+        self.last.masked_fill_(old, stamp(now - AGE_CAP))
+        self._capped_at = now
+
     def combine(self, acc, selection, gathered, iteration, reduction: Reduction,
                 traffic: Traffic) -> Reduced:
         # Parts are disjoint: concatenation is already the union, without duplicates.
@@ -215,7 +238,7 @@ class MicroCompressor(Sparsifier):
 
     def observe(self, reduced: Reduced) -> None:
         if self.last is not None:  # the applied coordinates start accumulating afresh
-            self.last.index_fill_(0, reduced.indices.long(), self._iteration + 1)
+            self.last.index_fill_(0, reduced.indices.long(), stamp(self._iteration + 1))
         n = self.comm.size
         gathered = reduced.gathered
         self.controller.observe(list(gathered.counts), list(gathered.aux),
@@ -225,7 +248,7 @@ class MicroCompressor(Sparsifier):
         state = {"controller": self.controller.state_dict()}
         if self.judge == "drift":
             state["last"] = (self.last.cpu().clone() if self.last is not None
-                             else torch.zeros(self.numel, dtype=torch.int32))
+                             else torch.zeros(self.numel, dtype=torch.int16))
         return state
 
     def load_state_dict(self, state: dict) -> None:
@@ -237,4 +260,6 @@ class MicroCompressor(Sparsifier):
         self.controller.load_state_dict(state["controller"])
         if self.judge == "drift":
             device = self.last.device if self.last is not None else "cpu"
-            self.last = state["last"].to(device=device, dtype=torch.int32).clone()
+            # Stamps; a state that holds whole iterations (int32) is taken mod 2^16.
+            self.last = stamps(state["last"]).to(device=device)
+            self._capped_at = None
