@@ -43,7 +43,9 @@ def test_out_of_step_ends_by_default(case, backend):
     for v in seen:
         if v["raised"] == "HorovodInternalError":
             assert "Horovod has been shut down" in v["message"], v
-        assert deadline.DEFAULT_TIMEOUT_S <= v["seconds"] < 60, seen
+        # Ended by the default deadline (not sooner: the ranks meet in a collective just
+        # before, so their clocks start within a few ms), within the 60 s bar.
+        assert deadline.DEFAULT_TIMEOUT_S - 1 <= v["seconds"] < 60, seen
 
 
 def test_models_paired_across_ranks_are_refused_on_every_rank():
