@@ -89,6 +89,17 @@ static int64_t select_portable(const float *x, int64_t n, float t, int64_t base,
 #include <immintrin.h>
 #define HVM_HAVE_AVX2_PATH 1
 
+/* Whether this CPU runs the AVX2 bodies (checked once). */
+static int have_avx2(void)
+{
+    static int avx2 = -1;
+    if (avx2 < 0) {
+        __builtin_cpu_init();
+        avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("bmi");
+    }
+    return avx2;
+}
+
 /* AVX2 body: 32 floats per step as four 8-lane compares; a step without a hit costs one
  * predictable branch; hits are extracted from the lane masks with count-trailing-zeros. */
 __attribute__((target("avx2,bmi"))) static int64_t
@@ -135,12 +146,7 @@ int64_t hvm_select_abs_ge_values(const float *x, int64_t n, float t, int64_t bas
                                  int32_t *out, float *vals, int64_t cap)
 {
 #ifdef HVM_HAVE_AVX2_PATH
-    static int use_avx2 = -1;
-    if (use_avx2 < 0) {
-        __builtin_cpu_init();
-        use_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("bmi");
-    }
-    if (use_avx2)
+    if (have_avx2())
         return select_avx2(x, n, t, base, out, vals, cap);
 #endif
     return select_portable(x, n, t, base, out, vals, cap);
@@ -218,17 +224,25 @@ static int64_t drift_portable(const float *x, const uint16_t *last, uint32_t now
 }
 
 #ifdef HVM_HAVE_AVX2_PATH
-/* 8 lanes: x^2 * wait >= loose * age, ages widened from 16 bits, as a bit mask. */
+/* The ages of 8 lanes, widened from their 16-bit stamps, as floats. */
+__attribute__((target("avx2"))) static inline __m256
+lane_ages(const uint16_t *last, __m256i now_v)
+{
+    const __m256i stamps = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)last));
+    return _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_sub_epi32(now_v, stamps),
+                                               _mm256_set1_epi32(0xffff)));
+}
+
+/* 8 lanes: x^2 * wait >= loose * age, as a bit mask. The values and ages are loaded again
+ * by drift_exact8 for the rare group with a candidate: cheaper than keeping four groups'
+ * registers across the loop, which spills them to the stack on every step. */
 __attribute__((target("avx2"))) static inline unsigned
 drift_lanes(const float *x, const uint16_t *last, __m256i now_v, __m256 wait_v,
             __m256 loose_v)
 {
     const __m256 v = _mm256_loadu_ps(x);
-    const __m256i stamps = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)last));
-    const __m256i ages = _mm256_and_si256(_mm256_sub_epi32(now_v, stamps),
-                                          _mm256_set1_epi32(0xffff));
     const __m256 lhs = _mm256_mul_ps(_mm256_mul_ps(v, v), wait_v);
-    const __m256 rhs = _mm256_mul_ps(loose_v, _mm256_cvtepi32_ps(ages));
+    const __m256 rhs = _mm256_mul_ps(loose_v, lane_ages(last, now_v));
     return (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(lhs, rhs, _CMP_GE_OQ));
 }
 
@@ -239,10 +253,7 @@ drift_exact8(const float *x, const uint16_t *last, __m256i now_v, __m256 wait_v,
              int64_t at, int32_t *out, float *vals, int64_t cap, int64_t *count)
 {
     const __m256 v = _mm256_loadu_ps(x);
-    const __m256i stamps = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)last));
-    const __m256 age = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_sub_epi32(now_v, stamps),
-                                                           _mm256_set1_epi32(0xffff)));
-    const __m256 w = _mm256_sqrt_ps(_mm256_div_ps(wait_v, age));
+    const __m256 w = _mm256_sqrt_ps(_mm256_div_ps(wait_v, lane_ages(last, now_v)));
     const __m256 abs_v = _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)));
     unsigned m = (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(_mm256_mul_ps(abs_v, w), t_v,
                                                             _CMP_GE_OQ));
@@ -304,12 +315,7 @@ int64_t hvm_select_drift16_values(const float *x, const uint16_t *last, int64_t 
 {
     const uint32_t now16 = (uint32_t)(now & 0xffff);
 #ifdef HVM_HAVE_AVX2_PATH
-    static int use_avx2 = -1;
-    if (use_avx2 < 0) {
-        __builtin_cpu_init();
-        use_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("bmi");
-    }
-    if (use_avx2)
+    if (have_avx2())
         return drift_avx2(x, last, now16, wait, n, t, base, out, vals, cap);
 #endif
     return drift_portable(x, last, now16, wait, n, t, base, out, vals, cap, 0);
