@@ -2,7 +2,7 @@
 
 Ranks that fall out of step (one calls ``step()`` once more, skips one, or waits in a
 different collective) would otherwise wait forever: Horovod 0.28.1 ends such a wait on MPI
-only with ``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS`` set, and on Gloo not at all. Here every
+only with ``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS`` set, and on Gloo not at all. Every
 blocking collective of the exchange runs inside :func:`bounded`, which costs two attribute
 writes on the normal path: the wait itself stays Horovod's blocking ``synchronize``. One
 daemon thread per process looks twice a second at the wait in progress; once it has lasted
