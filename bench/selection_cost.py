@@ -18,14 +18,19 @@ all methods side by side in one run, interleaved, repeated, medians reported:
 * ``threshold native`` / ``threshold torch``: a full-vector hard threshold (Sahu et al.)
   with the same native kernel and with ``nonzero(|g| >= t)``.
 
-Before every timed call a 64 MB buffer is read so that each call starts from a cold cache,
-as after a backward pass over a model larger than the cache (``--warm`` skips that).
+Before every timed call a buffer of twice the last-level cache (``--flush-mb``; at least
+64 MB) is read so that each call starts from a cold cache, its data in DRAM, as after a
+backward pass over a model larger than the cache (``--warm`` skips that; a smaller
+``--flush-mb`` leaves the data in the last-level cache: on a machine with a large one,
+the passes are then partly compute-bound). Within each repetition the methods run in an
+order rotated by one place per repetition, so that no method always pays for coming first
+after the flush.
 ``torch.set_num_threads(1)``: one core, as one rank would have.
 
 Results, and the machine they were measured on (cache sizes included): BENCHMARKS.md,
 section 1 and "Machine and caveats".
 
-    .venv/bin/python -m bench.selection_cost [--reps 11] [--quick] [--warm]
+    .venv/bin/python -m bench.selection_cost [--reps 12] [--quick] [--warm] [--flush-mb MB]
         [--json bench/results/selection_cost.json]
 
 ``--controllers`` measures instead each density controller's whole ``select`` (what the
@@ -69,6 +74,16 @@ def kth_magnitude(x: torch.Tensor, count: int) -> float:
     return float(torch.topk(x.abs(), max(count, 1), sorted=False).values.min())
 
 
+def last_level_cache_mb() -> int:
+    """The largest cache of CPU 0, in MB (sysfs), or 32 where sysfs does not say."""
+    sizes = []
+    for entry in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        text = entry.read_text().strip()
+        scale = {"K": 1 / 1024, "M": 1, "G": 1024}.get(text[-1:], 1 / 1024 / 1024)
+        sizes.append(float(text.rstrip("KMG")) * scale)
+    return int(max(sizes, default=32))
+
+
 def cpu_model() -> str:
     out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
     for line in out.splitlines():
@@ -79,9 +94,13 @@ def cpu_model() -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--reps", type=int, default=11)
+    ap.add_argument("--reps", type=int, default=12,
+                    help="repetitions (a multiple of 12 puts every method in every place)")
     ap.add_argument("--quick", action="store_true", help="3 repetitions, density 0.001 only")
     ap.add_argument("--warm", action="store_true", help="no cache flush between calls")
+    ap.add_argument("--flush-mb", type=int, default=None,
+                    help="MB read before every timed call (default: twice the last-level "
+                         "cache, at least 64)")
     ap.add_argument("--synthetic", action="store_true",
                     help="a N(0,1) vector instead of a real ResNet-18 gradient")
     ap.add_argument("--json", type=Path, help="write the medians here")
@@ -101,7 +120,8 @@ def main() -> None:
     else:
         g, source = real_gradient()
     N = g.numel()
-    flush_buf = torch.ones(16 * 1024 * 1024)  # 64 MB: evicts the gradient from L2/L3
+    flush_mb = args.flush_mb or max(64, 2 * last_level_cache_mb())
+    flush_buf = torch.ones(flush_mb * 256 * 1024)
 
     def flush():
         if not args.warm:
@@ -137,27 +157,42 @@ def main() -> None:
         if isinstance(r, torch.Tensor) and r.dim() >= 1 and label not in counts:
             counts[(d, label)] = r.numel() if r.dim() == 1 else r.shape[0]
 
+    def rotated(calls, rep):
+        """``calls`` in the order of repetition ``rep``: rotated one place per repetition,
+        so every method runs in every position equally often (the first call after the
+        flush pays more than the later ones; measured: the read floor timed 2x slower in
+        first place than in last)."""
+        shift = rep % len(calls)
+        return calls[shift:] + calls[:shift]
+
     for rep in range(reps):
         for d in densities:
             c = cases[d]
             k, t = c["k"], c["t_full"]
-            run(d, "topk (full N)", lambda k=k: torch.topk(g.abs(), k, sorted=False).indices)
-            run(d, "threshold native (full N)", lambda t=t: selector(g, t, 0, N))
-            run(d, "threshold torch (full N)", lambda t=t: torch.nonzero(g.abs() >= t))
+            for label, fn in rotated([
+                    ("topk (full N)", lambda k=k: torch.topk(g.abs(), k, sorted=False).indices),
+                    ("threshold native (full N)", lambda t=t: selector(g, t, 0, N)),
+                    ("threshold torch (full N)", lambda t=t: torch.nonzero(g.abs() >= t))],
+                    rep):
+                run(d, label, fn)
             for n in PARTS:
                 s, e, tp = c["parts"][n][rep % n]
                 part = g[s:e]
-                run(d, f"micro n={n}", lambda p=part, t=tp, s=s: selector(p, t, s, N))
                 td, ages = c["drift"][n][rep % n], c["last"][s:e]
                 drift.bind(part, ages, now, 1.0 / d)
-                run(d, f"micro drift n={n}",
-                    lambda p=part, t=td, s=s: drift.with_values(p, t, s, N)[0])
-                run(d, f"read floor n={n}", lambda p=part: torch.sum(p))
-                run(d, f"naive nonzero n={n}", lambda p=part, t=tp: torch.nonzero(p.abs() >= t))
+                for label, fn in rotated([
+                        (f"micro n={n}", lambda p=part, t=tp, s=s: selector(p, t, s, N)),
+                        (f"micro drift n={n}",
+                         lambda p=part, t=td, s=s: drift.with_values(p, t, s, N)[0]),
+                        (f"read floor n={n}", lambda p=part: torch.sum(p)),
+                        (f"naive nonzero n={n}",
+                         lambda p=part, t=tp: torch.nonzero(p.abs() >= t))], rep):
+                    run(d, label, fn)
 
     med = {key: median(v) * 1e3 for key, v in times.items()}
     print(f"# Selection benchmark: N = {N:,} float32 ({source}), 1 thread, "
-          f"{reps} repetitions, medians, {'warm' if args.warm else 'cold'} cache; "
+          f"{reps} repetitions, medians, "
+          f"{'warm cache' if args.warm else f'{flush_mb} MB read before each call'}; "
           f"native kernel: {native_available()}; CPU: {cpu_model()}\n")
     header = "| method |" + "".join(
         f" d={d}: ms | d={d}: topk / this | d={d}: this / floor |" for d in densities)
@@ -195,6 +230,8 @@ def main() -> None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({
             "numel": N, "source": source, "reps": reps, "warm": args.warm, "cpu": cpu_model(),
+            "flush_mb": None if args.warm else flush_mb,
+            "last_level_cache_mb": last_level_cache_mb(),
             "median_ms": {f"{d}|{label}": v for (d, label), v in med.items()},
             "selected": {f"{d}|{label}": v for (d, label), v in counts.items()},
         }, indent=1))
