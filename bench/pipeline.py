@@ -31,11 +31,10 @@ runs every variant once), so their medians and paired ratios compare like with l
   selection, no bytes: what any error-feedback sparsifier with a free selection and a free
   exchange would still pay here;
 * ``micro``: the defaults;
-* ``micro-fullclear``: the defaults, but the output buffer zeroed in full on every step
-  (the reducer's rule before it learned to clear only the previous support);
+* ``micro-exact``: the defaults with ``capacity="exact"``: variable-size blocks, which
+  Horovod negotiates every step, against ``micro``'s fixed-shape slots;
 * ``micro-copy``: ``zero_copy=False``, the out-of-place ``a_t`` (on float32 CPU tensors
   added and squared in one native pass, :mod:`horovod_micro.accumulate`);
-* ``micro-copy-unfused``: the same in two torch passes (add, then the norm), as before;
 * ``micro-phases``: the defaults with the device synchronised at every phase boundary
   (``SparseReducer.phase_sync``), so that on a GPU each phase is charged its own kernels;
   that adds host syncs, so its total is not the step's cost (``micro``'s is).
@@ -66,15 +65,15 @@ from bench.common import median, random_batches
 from bench.launch import horovodrun_cmd, run_bounded
 
 REPO = Path(__file__).resolve().parent.parent
-#: label -> None (no exchange) or (DistributedOptimizer kwargs, reducer attributes)
+#: label -> None (no exchange) or (DistributedOptimizer kwargs, reducer attributes[,
+#: Compression.micro kwargs])
 VARIANTS = {
     "compute": None,
     "barrier": None,
     "ef-floor": None,
     "micro": ({}, {}),
-    "micro-fullclear": ({}, {"clear_support_only": False}),
+    "micro-exact": ({}, {}, {"capacity": "exact"}),
     "micro-copy": ({"zero_copy": False}, {}),
-    "micro-copy-unfused": ({"zero_copy": False}, {"fused_accumulate": False}),
     "micro-phases": ({}, {"phase_sync": "device"}),
 }
 SPARSE = [label for label, spec in VARIANTS.items() if spec is not None]
@@ -114,10 +113,12 @@ def worker(args) -> None:
         base = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         opt = base
         if VARIANTS[label] is not None:
-            kwargs, attributes = VARIANTS[label]
+            kwargs, attributes, *options = VARIANTS[label]
             opt = hvm.DistributedOptimizer(
                 base, named_parameters=model.named_parameters(),
-                compression=hvm.Compression.micro(density=args.density), **kwargs)
+                compression=hvm.Compression.micro(density=args.density,
+                                                  **(options[0] if options else {})),
+                **kwargs)
             for name, value in attributes.items():
                 setattr(opt._reducer, name, sync if value == "device" else value)
         runs[label] = {"model": model, "opt": opt, "batches": batches, "rows": [], "t": 0}

@@ -149,6 +149,7 @@ def train(method: str, *, n: int, density: float, epochs: float, seed: int = 1,
                    for _ in range(n)] if sparse else []
     curve: list[tuple[int, float]] = []
     sent: list[int] = []
+    cuts = [0]  # steps on which some rank's selection was cut to the capacity
     diagnosis = Diagnosis(layout.numel, max(1, int(density * layout.numel)))
     reducers: list[SparseReducer | None] = [None] * n
     start = time.perf_counter()
@@ -184,6 +185,7 @@ def train(method: str, *, n: int, density: float, epochs: float, seed: int = 1,
             reducer = SparseReducer(FlatLayout([("flat", flat)]), compressors[rank], comm,
                                     Reduction(hvd.Average))
             reducers[rank] = reducer
+            group.share(rank, None)  # every reducer exists before rank 0 reads them
             perm = None
             for it in range(iters):
                 grads = summed = None
@@ -202,6 +204,9 @@ def train(method: str, *, n: int, density: float, epochs: float, seed: int = 1,
                 sizes = group.share(rank, stats.bytes_sent)
                 if rank == 0:
                     sent.append(max(sizes))
+                    # A rank's selection cut to the exchange's capacity (what it picked
+                    # exceeds what travelled).
+                    cuts[0] += sum(stats.rank_counts) > stats.global_count
                     if reducer.applied is not None:
                         applied = reducer.applied
                         diagnosis.record(it, summed, applied, flat.grad, residual_norm)
@@ -216,6 +221,7 @@ def train(method: str, *, n: int, density: float, epochs: float, seed: int = 1,
             "peak_lr": peak, "iterations": iters,
             "final_accuracy": sum(a for _, a in final) / len(final), "curve": curve,
             "bytes_per_step": sum(sent) / len(sent), "diagnosis": diagnosis.rows,
+            "cut_steps": cuts[0],
             "seconds": time.perf_counter() - start,
             "weights": torch.cat([p.detach().reshape(-1) for p in layout.params])}
 

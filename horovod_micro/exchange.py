@@ -1,6 +1,6 @@
 """Sparse collectives built from Horovod's own operations (never patched).
 
-Every exchange starts with one variable-size ``allgather`` of an int32 block per rank::
+Every exchange starts with one ``allgather`` of an int32 block per rank::
 
     [status, count, aux, i_1 ... i_count]      (int64 blocks when N >= 2**31)
 
@@ -18,18 +18,23 @@ Every exchange starts with one variable-size ``allgather`` of an int32 block per
   dtype's range, needs no status: it shows in the aggregate, which every rank holds
   identically; the reducer checks it there.)
 
-Exact variable-size gathers, not fixed-capacity padded buffers. Measured on 2 ranks here
-(``bench/collective_shapes.py``, BENCHMARKS.md; allgather of indices + allreduce of values
-on an 11.2M-element gradient): a shape that changes every step misses Horovod's response
-cache and pays full negotiation, so on Gloo the exact design took 3.2-4.1 ms median per
-step against 2.5-2.7 ms for shapes padded to a fixed capacity (about 20 ms against 11-13 ms
-behind a 1 Gbit/s link); on MPI both were equal. But a capacity must cover the largest
-per-rank count, and the count of a real run scatters by about 45 % from one iteration to
-the next (``tests/test_micro_density.py``), so a capacity that rarely overflows sends about
-1.5x the bytes (measured), far from the 1.2x-of-ideal byte budget, and one that overflows
-needs a second round. A few milliseconds per step are small against a training step, bytes
-are what a slow link charges for, so sizes stay exact. (Open question, not measured here:
-NCCL turns unequal allgathers into one broadcast per rank, where fixed shapes may win.)
+Two block shapes. A collective whose shape changes from step to step misses Horovod's
+response cache (keyed by name and shape) and is negotiated through the coordinator again
+every step; on NCCL an allgather of unequal sizes also runs as one broadcast per rank
+instead of one allgather. So where a method's count has a bound, its blocks have one fixed
+shape (:func:`gather_slots`): ``capacity`` index slots per rank behind a 4-integer header,
+the unused slots marked by the count, and the value allreduce over every rank's slots
+(``n * capacity`` values, zeros in the unused ones). MiCRO with its default controller
+holds each owner's count within about 10 % of ``k / n`` and sends in slots of ``1.2 k / n``
+(:class:`~horovod_micro.sparsifiers.micro.MicroCompressor`, ``capacity=``). A count with
+no such bound (a fixed threshold, MiCRO's shared-threshold controllers, whose counts
+scatter by tens of percent) would need a capacity far above the mean, so those keep exact
+variable-size blocks (:func:`gather_indices`): ``[status, count, aux, indices]``. Top-k,
+Random-k and gTop-k select exactly ``k`` per rank, so their shapes are fixed as they are.
+CLT-k's leader sends ``k`` indices and the others only a header, and the leader rotates, so
+each rank's block changes shape every step; one fixed shape would cost ``k`` slots on every
+rank (``n`` times the index bytes) or an allreduce of the leader's indices (twice them), so
+it keeps exact sizes too.
 
 Bytes are accounted with the ring model of :mod:`horovod_micro.stats`.
 """
@@ -269,6 +274,58 @@ class SelectedCounts(Gathered):
     @property
     def counts(self) -> list[int]:
         return list(self.selected)
+
+
+#: Integers ahead of the index slots in a fixed-capacity block:
+#: ``status, count (slots in use), aux, selected (the count before the capacity cut)``.
+FIXED_HEADER = 4
+
+
+@dataclass
+class SlotsGathered(SelectedCounts):
+    """A fixed-capacity index gather (:func:`gather_slots`): ``per_rank`` holds each rank's
+    slots in use; ``slots`` the gathered ``(n, capacity)`` index slots themselves and
+    ``valid`` which of them are in use, for a value exchange of the same fixed shape;
+    ``selected`` what each rank's threshold picked before the capacity cut (what the
+    density controller learns from)."""
+
+    slots: torch.Tensor | None = None
+    valid: torch.Tensor | None = None
+
+
+def gather_slots(comm: Comm, indices: torch.Tensor, capacity: int, status: int,
+                 traffic: Traffic, aux: int = 0, selected: int | None = None,
+                 role: str = "indices") -> SlotsGathered:
+    """Allgather every rank's ``indices`` (at most ``capacity``) in a block of one fixed
+    shape, ``[status, count, aux, selected, i_1 ... i_count, 0 ...]``: the unused slots
+    hold index 0 and are marked unused by ``count``. The shape and the name are the same
+    every step, so Horovod's response cache recognises the collective and skips its
+    negotiation, and NCCL can run it as one allgather. One host read per step: the
+    headers, in a single ``tolist()``."""
+    count = indices.numel()
+    if count > capacity:
+        raise ValueError(f"{count} indices do not fit a capacity of {capacity}")
+    block = torch.zeros(FIXED_HEADER + capacity, dtype=indices.dtype, device=indices.device)
+    header = torch.tensor([status, count, aux, count if selected is None else selected],
+                          dtype=indices.dtype).to(indices.device, non_blocking=True)
+    block[:FIXED_HEADER] = header
+    block[FIXED_HEADER:FIXED_HEADER + count] = indices
+    start = time.perf_counter()
+    gathered = comm.allgather(block, role).view(comm.size, FIXED_HEADER + capacity)
+    traffic.timed(role, start)
+    traffic.add(ring_allgather_bytes([block.numel() * block.element_size()] * comm.size,
+                                     comm.rank))
+
+    heads = gathered[:, :FIXED_HEADER].tolist()
+    slots = gathered[:, FIXED_HEADER:]
+    counts = torch.arange(capacity, device=slots.device)
+    valid = counts < gathered[:, 1:2]
+    return SlotsGathered(
+        per_rank=[slots[r, :head[1]] for r, head in enumerate(heads)],
+        statuses=[head[0] & ((1 << CODE_BITS) - 1) for head in heads],
+        aux=[head[2] for head in heads],
+        checks=[head[0] >> CODE_BITS for head in heads],
+        slots=slots, valid=valid, selected=[head[3] for head in heads])
 
 
 def alltoall_bytes(sent_rows: list[int], received_rows: list[int], row_bytes: int,

@@ -168,10 +168,6 @@ class SparseReducer:
         self.applied: torch.Tensor | None = None
         # What the last write-back put into each .grad (see grads_hold_the_aggregate).
         self._aggregate_grads: list[tuple[torch.nn.Parameter, torch.Tensor]] = []
-        # For benchmarks, the rules before: False zeroes the whole output on every step
-        # (clear_support_only), and adds then squares in two torch passes (fused_accumulate).
-        self.clear_support_only = True
-        self.fused_accumulate = True
         # For benchmarks on a GPU: called at every phase boundary (torch.cuda.synchronize),
         # so that StepStats.phases charges kernels to their own phase (stats.PhaseClock).
         self.phase_sync: Callable[[], object] | None = None
@@ -296,7 +292,7 @@ class SparseReducer:
         (BENCHMARKS.md, section 8). One blind spot, shared with the residual views: a write
         through ``.grad.data`` does not move the version counter."""
         written, self._written = self._written, None
-        if self.clear_support_only and written is not None and written[0] is self.output \
+        if written is not None and written[0] is self.output \
                 and self.output._version == written[2]:
             self.output.index_fill_(0, written[1], 0.0)
         else:
@@ -362,7 +358,7 @@ class SparseReducer:
             return self.residual, status, True, None
         acc = self.output
         self._written = None  # the output's support is about to be overwritten
-        sq_norm: float | None = 0.0 if self.fused_accumulate else None
+        sq_norm: float | None = 0.0
         for grad, (start, end) in zip(grads, self.layout.slices):
             e, a = self.residual[start:end], acc[start:end]
             g = None if grad is None else grad.reshape(-1)

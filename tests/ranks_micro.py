@@ -21,12 +21,13 @@ def _flat_param_optimizer(numel, compression, **kwargs):
 
 def exchange_trace(numel, iterations, density, seed=0, skew=0.0, op="average",
                    initial_threshold=None, fp16_values=False, error_feedback=True,
-                   controller="bounded", plateau=0.0, judge=None):
+                   controller="bounded", plateau=0.0, judge=None, capacity=None):
     """Per iteration: exchanged gradient, threshold, counts, residual, bytes, and the
     controller's state after the step."""
     compression = hvm.Compression.micro(density=density, initial_threshold=initial_threshold,
                                         fp16_values=fp16_values, error_feedback=error_feedback,
-                                        controller=controller, judge=judge)
+                                        controller=controller, judge=judge,
+                                        capacity=capacity)
     opt, param = _flat_param_optimizer(numel, compression,
                                        op=hvd.Average if op == "average" else hvd.Sum)
     trace = []
@@ -40,6 +41,7 @@ def exchange_trace(numel, iterations, density, seed=0, skew=0.0, op="average",
             "residual_norm": stats.residual_norm, "bytes_sent": stats.bytes_sent,
             "bytes_received": stats.bytes_received, "iteration": stats.iteration,
             "controller": compression.controller.state_dict(),
+            "slots": compression.slots,
         })
     return trace
 
@@ -129,3 +131,51 @@ def digits_density_trace(density, iterations, batch=32, hidden=(512, 256), lr=0.
                       "global_count": s.global_count, "target_count": s.target_count,
                       "state": repr(opt.compression.controller.state_dict())})
     return trace
+
+
+def negotiations(steps, capacity=None, density=0.01, method="micro", options=None):
+    """Per training step of a small MLP with MiCRO: how many "messages to coordinator"
+    Horovod's trace log (``HOROVOD_LOG_LEVEL=trace``, set by the test) wrote on this rank
+    during it, i.e. how often this rank's collectives missed the response cache and were
+    negotiated. Horovod writes its log below the warning level to stdout: fd 1 is pointed
+    at a file for the run."""
+    import os
+    import sys
+    import tempfile
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(),
+                                torch.nn.Linear(128, 10))
+    opt = hvm.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.01),
+        named_parameters=model.named_parameters(),
+        compression=(hvm.Compression.micro(density=density, capacity=capacity)
+                     if method == "micro"
+                     else getattr(hvm.Compression, method)(density=density,
+                                                          **(options or {}))))
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    log = tempfile.NamedTemporaryFile(prefix="hvm-trace-", delete=False)
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(log.fileno(), 1)
+    try:
+        gen = torch.Generator().manual_seed(hvd.rank())
+        for step in range(steps):
+            x, y = torch.randn(32, 64, generator=gen), torch.randint(0, 10, (32,), generator=gen)
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            os.write(1, f"=== step {step} done\n".encode())
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+    text = open(log.name).read()
+    os.unlink(log.name)
+    per_step, current = [], 0
+    for line in text.splitlines():
+        if "messages to coordinator" in line:
+            current += 1
+        elif line.startswith("=== step"):
+            per_step.append(current)
+            current = 0
+    return {"per_step": per_step, "slots": getattr(opt._reducer.sparsifier, "slots", None)}

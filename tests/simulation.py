@@ -129,7 +129,7 @@ def drift_score(acc: torch.Tensor, age: torch.Tensor, wait: float) -> torch.Tens
 def simulate_micro(grads: list[list[torch.Tensor]], thresholds, n: int,
                    average: bool = True, error_feedback: bool = True,
                    probe: float = 1.25, wire=identity, judge: str = "magnitude",
-                   density: float | None = None) -> list[dict]:
+                   density: float | None = None, capacity: int | None = None) -> list[dict]:
     """MiCRO on n simulated workers. ``grads[t][r]`` is rank r's gradient at iteration t
     (any float dtype: the residuals and the result take it).
 
@@ -146,6 +146,10 @@ def simulate_micro(grads: list[list[torch.Tensor]], thresholds, n: int,
     ``judge="drift"`` (needs ``density``): the owner selects ``|a| sqrt(wait / age) >=
     threshold`` instead, where ``age`` counts the iterations since each coordinate was
     last applied (a finite step that aggregated it) and ``wait = min(1 / density, t + 1)``.
+
+    ``capacity``: at most that many coordinates per rank travel; of a selection larger than
+    that, the ``capacity`` with the highest judged scores. ``picked`` records the counts
+    before that cut, which are what the controller learns from.
     """
     numel = grads[0][0].numel()
     parts = contiguous_parts(numel, n)
@@ -166,13 +170,18 @@ def simulate_micro(grads: list[list[torch.Tensor]], thresholds, n: int,
         else:
             threshold = thresholds[t]
         per_rank = threshold if isinstance(threshold, list | tuple) else [threshold] * n
-        selections = []
+        selections, picked = [], []
         for r in range(n):
             start, end = parts[(t + r) % n]
             hits = judged[r][start:end] >= per_rank[r]
-            selections.append(torch.nonzero(hits).view(-1) + start)
+            chosen = torch.nonzero(hits).view(-1) + start
+            picked.append(len(chosen))
+            if capacity is not None and len(chosen) > capacity:
+                best = torch.topk(judged[r][chosen], capacity).indices
+                chosen = chosen[best.sort().values]
+            selections.append(chosen)
         if rule:
-            rule.observe([len(s) for s in selections])
+            rule.observe(picked)
         above_probe = sum(int((acc[r][sel].abs() >= per_rank[r] * probe).sum())
                           for r, sel in enumerate(selections))
         union = torch.cat(selections)
@@ -181,7 +190,8 @@ def simulate_micro(grads: list[list[torch.Tensor]], thresholds, n: int,
                                                  [union] * n, wire, error_feedback)
         if finite:
             applied_at[union] = t + 1
-        history.append({"grad": out, "selections": selections, "above_probe": above_probe,
+        history.append({"grad": out, "selections": selections, "picked": picked,
+                        "above_probe": above_probe,
                         "thresholds": per_rank,
                         "residual": [x.clone() for x in residual], "finite": finite})
     return history

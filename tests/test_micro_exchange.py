@@ -1,5 +1,7 @@
 """MiCRO's exchange on real ranks equals an independent simulation of n workers."""
 
+import math
+
 import pytest
 import torch
 from multirank import run_ranks
@@ -17,17 +19,20 @@ from horovod_micro.density_controller import DensityController
 
 def _check_against_simulation(results, n, numel, iterations, seed, skew, average=True,
                               error_feedback=True, rtol=1e-5, atol=1e-7, wire=identity,
-                              plateau=0.0, rule=None, judge="drift"):
+                              plateau=0.0, rule=None, judge="drift", capacity=None):
     """The default controller: the simulation decides every rank's threshold itself from
     the rule's definition (simulation.BoundedRule); the ranks' thresholds must match it."""
     traces = [r.value for r in results]
+    if capacity is None:  # the sizes the ranks' exchange ran with (None: exact)
+        capacity = traces[0][0].get("slots")
     # The controller's state is identical on every rank, bit for bit, every iteration.
     for t in range(iterations):
         assert len({repr(trace[t]["controller"]) for trace in traces}) == 1, t
     grads = [[rank_gradient(r, t, numel, seed, skew, plateau=plateau) for r in range(n)]
              for t in range(iterations)]
     sim = simulate_micro(grads, rule or BoundedRule(0.02, numel, n), n, average=average,
-                         error_feedback=error_feedback, wire=wire, judge=judge)
+                         error_feedback=error_feedback, wire=wire, judge=judge,
+                         capacity=capacity)
     for t in range(iterations):
         for r in range(n):
             assert traces[r][t]["threshold"] == pytest.approx(sim[t]["thresholds"][r],
@@ -39,7 +44,7 @@ def _check_against_simulation(results, n, numel, iterations, seed, skew, average
         for r in range(n):
             # Rank r selected only in the part it owns this iteration; parts are disjoint.
             assert set(want["selections"][r].tolist()) <= owned[r]
-            assert traces[r][t]["rank_counts"] == [len(s) for s in want["selections"]]
+            assert traces[r][t]["rank_counts"] == want["picked"]
             got = torch.tensor(traces[r][t]["grad"])
             nz_got = set(torch.nonzero(got).view(-1).tolist())
             nz_want = set(torch.nonzero(want["grad"]).view(-1).tolist())
@@ -76,10 +81,32 @@ def test_newton_controller_equals_simulation():
 @pytest.mark.parametrize("np_,backend,skew", [(2, "gloo", 0.0), (2, "mpi", 3.0),
                                               (3, "gloo", 3.0)])
 def test_exchange_equals_simulation(np_, backend, skew):
+    """The default: index slots of one fixed size per rank, ceil(1.2 k / n)."""
     numel, iterations, seed = 1003, 7, 11
     results = run_ranks("ranks_micro:exchange_trace", np=np_, backend=backend,
                         kwargs={"numel": numel, "iterations": iterations, "density": 0.02,
                                 "seed": seed, "skew": skew})
+    slots = math.ceil(1.2 * int(0.02 * numel) / np_)
+    traces = _check_against_simulation(results, np_, numel, iterations, seed, skew,
+                                       capacity=slots)
+    # Ring-model bytes, the same every step: int32 blocks of a 4-int header and the slots,
+    # and float32 values in every rank's slots.
+    block = 4 * (4 + slots)
+    allreduce = 2 * (np_ - 1) * 4 * np_ * slots // np_
+    for trace in traces:
+        for t in range(iterations):
+            assert trace[t]["slots"] == slots
+            assert trace[t]["bytes_received"] == (np_ - 1) * block + allreduce
+            assert trace[t]["bytes_sent"] == (np_ - 1) * block + allreduce
+
+
+@pytest.mark.parametrize("np_,backend", [(2, "gloo"), (3, "mpi")])
+def test_exact_sizes_equal_simulation(np_, backend):
+    """``capacity="exact"``: variable-size blocks, bytes of the counts themselves."""
+    numel, iterations, seed, skew = 1003, 7, 11, 3.0
+    results = run_ranks("ranks_micro:exchange_trace", np=np_, backend=backend,
+                        kwargs={"numel": numel, "iterations": iterations, "density": 0.02,
+                                "seed": seed, "skew": skew, "capacity": "exact"})
     traces = _check_against_simulation(results, np_, numel, iterations, seed, skew)
     # Ring-model bytes: int32 index blocks with a 3-int header, float32 values.
     for r, trace in enumerate(traces):
@@ -90,6 +117,24 @@ def test_exchange_equals_simulation(np_, backend, skew):
             allreduce = 2 * (np_ - 1) * 4 * union // np_ if union else 0
             assert trace[t]["bytes_received"] == sum(blocks) - blocks[r] + allreduce
             assert trace[t]["bytes_sent"] == sum(blocks) - blocks[(r + 1) % np_] + allreduce
+
+
+@pytest.mark.parametrize("np_,backend,judge", [(2, "gloo", "drift"), (3, "mpi", "drift"),
+                                               (2, "mpi", "magnitude")])
+def test_overflow_keeps_the_highest_scores(np_, backend, judge):
+    """The overflow rule: with fewer slots than the controller's target (4 against about
+    20 / n), every step overflows; the slots' worth of the highest scores travel, the rest
+    stays in the residual, and the controller still learns from what it picked."""
+    numel, iterations, seed, skew, slots = 1003, 7, 11, 3.0, 4
+    results = run_ranks("ranks_micro:exchange_trace", np=np_, backend=backend,
+                        kwargs={"numel": numel, "iterations": iterations, "density": 0.02,
+                                "seed": seed, "skew": skew, "capacity": slots,
+                                "judge": judge})
+    traces = _check_against_simulation(results, np_, numel, iterations, seed, skew,
+                                       capacity=slots, judge=judge)
+    for trace in traces:
+        assert all(t["global_count"] == np_ * slots for t in trace)
+        assert all(sum(t["rank_counts"]) > np_ * slots for t in trace)
 
 
 @pytest.mark.parametrize("np_,backend", [(2, "gloo"), (3, "mpi")])
@@ -128,9 +173,9 @@ def test_fp16_values_on_the_wire():
                                        rtol=2e-3, atol=1e-4, wire=fp16_round_trip)
     # Values travel as 2 bytes: a 2-rank ring allreduce moves 2 x 2 bytes per value,
     # half of what float32 would.
-    counts = traces[0][1]["rank_counts"]
-    blocks = [4 * (c + 3) for c in counts]
-    assert traces[0][1]["bytes_received"] == sum(blocks) - blocks[0] + 2 * sum(counts)
+    slots = traces[0][1]["slots"]
+    assert slots == math.ceil(1.2 * int(0.02 * numel) / 2)
+    assert traces[0][1]["bytes_received"] == 4 * (4 + slots) + 2 * 2 * slots
 
 
 def test_without_error_feedback():

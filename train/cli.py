@@ -85,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--judge", choices=("drift", "magnitude"), default=None,
                    help="what MiCRO's owners rank by: drift (default) | magnitude (as "
                         "published)")
+    g.add_argument("--capacity", default=None, metavar="SLOTS|exact",
+                   help="MiCRO's index slots per rank (default: 1.2 k/n, one shape every "
+                        "step); exact: exact sizes, renegotiated every step")
     g.add_argument("--momentum-masking", choices=("on", "off"), default=None,
                    help="clear the momentum where a sparse aggregate arrived (default: the "
                         "method's own, on for micro; off runs MiCRO as published)")

@@ -45,10 +45,11 @@ class UnknownCompressorError(TrainError, ValueError):
 
 
 def build_compression(name: str, density: float, controller: str | None = None,
-                      momentum_masking: bool | None = None, judge: str | None = None):
+                      momentum_masking: bool | None = None, judge: str | None = None,
+                      capacity: int | str | None = None):
     """``hvm.Compression.<name>``: dense classes as they are, sparse factories called with
-    ``density`` (and MiCRO with ``controller``, any sparse method with ``momentum_masking``,
-    when given). Unknown names list what this horovod_micro offers."""
+    ``density`` (and MiCRO with ``controller``, ``judge`` and ``capacity``, any sparse method
+    with ``momentum_masking``, when given). Unknown names list what this horovod_micro offers."""
     factory = getattr(hvm.Compression, name, None)
     if factory is None or name.startswith("_"):
         raise UnknownCompressorError(
@@ -60,7 +61,8 @@ def build_compression(name: str, density: float, controller: str | None = None,
     for flag, key, value, applies in (
             ("--momentum-masking", "momentum_masking", momentum_masking, "sparse methods"),
             ("--judge", "judge", judge, "micro"),
-            ("--controller", "controller", controller, "micro")):
+            ("--controller", "controller", controller, "micro"),
+            ("--capacity", "capacity", capacity, "micro")):
         if value is None:
             continue
         if key not in params:
@@ -73,6 +75,11 @@ def build_compression(name: str, density: float, controller: str | None = None,
     if "density" in params:
         return factory(density=density)
     return factory(density)
+
+
+def _capacity(text: str | None) -> int | str | None:
+    """``--capacity``: a number of slots, or "exact" (None: the method's default)."""
+    return int(text) if text is not None and text.isdigit() else text
 
 
 @dataclass
@@ -118,7 +125,8 @@ def setup(args: argparse.Namespace, cifar_classes: dict | None = None) -> Contex
     compression = build_compression(args.compressor, args.density,
                                     getattr(args, "controller", None),
                                     None if masking is None else masking == "on",
-                                    getattr(args, "judge", None))
+                                    getattr(args, "judge", None),
+                                    _capacity(getattr(args, "capacity", None)))
     optimizer = hvm.DistributedOptimizer(base, named_parameters=model.named_parameters(),
                                          compression=compression)
     loader, sampler = train_loader(data.train, args.batch_size, args.workers, args.seed,

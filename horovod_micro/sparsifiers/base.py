@@ -46,11 +46,14 @@ class Selection:
             another way (gTop-k's tree): only the header goes out.
         aux: one integer every rank sees in the gather's header: MiCRO's count above the
             probe threshold, Random-k's checksum of its coordinates, gTop-k's count.
+        selected: how many coordinates the threshold picked before a capacity cut kept
+            ``indices`` (None: no cut, ``len(indices)``).
     """
 
     indices: torch.Tensor
     announced: bool = True
     aux: int = 0
+    selected: int | None = None
 
 
 class SparseGradient(NamedTuple):

@@ -37,7 +37,7 @@ import math
 import torch
 
 from ..density_controller import DensityController, PaperController
-from ..exchange import Traffic, allreduce_values
+from ..exchange import SlotsGathered, Traffic, allreduce_values, gather_slots
 from ..part_controller import PartController
 from ..partition import owned_part, part_bounds
 from ..selection import (
@@ -46,6 +46,7 @@ from ..selection import (
     DriftSelector,
     ThresholdSelector,
     ages,
+    drift_scores,
     index_dtype,
     stamp,
     stamps,
@@ -58,6 +59,10 @@ CONTROLLERS = ("bounded", "scale", "newton", "paper")
 #: What the owner ranks its part by (``judge=``): the first is the default of the per-part
 #: controllers; the shared-threshold ones (newton, paper) judge the magnitude only.
 JUDGES = ("drift", "magnitude")
+#: The default capacity per rank, as a multiple of a part's share of ``k``: the bounded
+#: controller holds each owner's count within about 10 % of its part's target, so 1.2
+#: leaves room and keeps the bytes within 1.2x those of exact sizes.
+CAPACITY_FACTOR = 1.2
 
 
 @register
@@ -87,6 +92,18 @@ class MicroCompressor(Sparsifier):
             is the acceleration short runs need. Default ``None``: on from 8 ranks, off
             below. ``True`` turns it on at any size (try it first when a run diverges);
             ``False`` runs the method as published.
+        capacity: index slots per rank in the exchange, whose collectives then keep one
+            shape every step (Horovod's response cache skips their negotiation, and NCCL
+            runs the gather as one allgather, not one broadcast per rank). Default
+            ``None``: with the bounded controller ``ceil(1.2 k / n)`` (it holds each
+            owner's count within about 10 % of ``k / n``; bytes at most 1.2x those of
+            exact sizes), with the other controllers, whose counts scatter step to step,
+            exact sizes. An integer sets the slots; ``"exact"`` keeps exact sizes (a
+            variable-size gather, renegotiated every step). Overflow rule: when the
+            threshold picks more than ``capacity`` coordinates, the ``capacity`` of them
+            with the highest scores go (the threshold rises to the capacity-th score) and
+            the rest stays in the error-feedback residual; the controller still learns
+            from the count the threshold picked.
         error_feedback, fp16_values: see :class:`~horovod_micro.sparsifiers.base.Sparsifier`.
     """
 
@@ -96,10 +113,13 @@ class MicroCompressor(Sparsifier):
     def __init__(self, density: float = 0.001, *, initial_threshold: float | None = None,
                  controller: str = "bounded", judge: str | None = None,
                  error_feedback: bool = True, fp16_values: bool = False,
-                 momentum_masking: bool | None = None):
+                 momentum_masking: bool | None = None, capacity: int | str | None = None):
         super().__init__(density, error_feedback=error_feedback, fp16_values=fp16_values,
                          momentum_masking=momentum_masking)
         self.initial_threshold = initial_threshold
+        self.capacity = capacity
+        #: index slots per rank in this job's exchange (None: exact sizes); set by bind
+        self.slots: int | None = None
         self.controller_name = controller
         self.judge = judge if judge is not None else (
             "drift" if controller in ("bounded", "scale") else "magnitude")
@@ -123,6 +143,8 @@ class MicroCompressor(Sparsifier):
             config["controller"] = self.controller_name
         if self.judge != "magnitude":  # named only when not the published rule (as above)
             config["judge"] = self.judge
+        if self.capacity is not None:  # named only when set (as above)
+            config["capacity"] = self.capacity
         return config
 
     def config_error(self) -> str | None:
@@ -137,6 +159,11 @@ class MicroCompressor(Sparsifier):
             return (f"micro: judge='drift' needs a per-part controller ('bounded' or "
                     f"'scale'); controller={name!r} shares one threshold of |a| (pass "
                     "judge='magnitude')")
+        c = self.capacity
+        if not (c is None or c == "exact"
+                or (isinstance(c, int) and not isinstance(c, bool) and c >= 1)):
+            return (f"micro: capacity must be a positive integer (index slots per rank), "
+                    f"'exact' or None (the controller's default), got {c!r}")
         if t is not None and not (isinstance(t, int | float) and t > 0):
             return f"micro: initial_threshold must be a positive number, got {t!r}"
         if t is not None and name in ("bounded", "scale"):
@@ -173,6 +200,17 @@ class MicroCompressor(Sparsifier):
         self.bounds = part_bounds(self.numel, size)
         selector = DriftSelector if self.judge == "drift" else ThresholdSelector
         self._selector = selector(capacity=4 * self.target_count // size + 64)
+        self.slots = self._slots(size)
+
+    def _slots(self, size: int) -> int | None:
+        """Index slots per rank for ``size`` ranks (see ``capacity``), at most a part."""
+        largest = max(end - start for start, end in self.bounds)
+        if isinstance(self.capacity, int):
+            return min(self.capacity, largest)
+        if self.capacity == "exact" or self.controller_name != "bounded":
+            return None
+        share = max(self.target_count / size, 1.0)  # the parts' targets are at least 1
+        return min(math.ceil(CAPACITY_FACTOR * share), largest)
 
     def _part_sizes(self) -> list[int]:
         return [end - start for start, end in self.bounds]
@@ -214,7 +252,32 @@ class MicroCompressor(Sparsifier):
             indices, self._threshold, report = self.controller.select(
                 acc, start, end, part, self._selector, self._scale)
         self._iteration = iteration
-        return Selection(indices, aux=report)
+        selected = indices.numel()
+        if self.slots is not None and selected > self.slots:
+            indices = self._cut(acc, indices, iteration + 1)
+        return Selection(indices, aux=report, selected=selected)
+
+    def _cut(self, acc: torch.Tensor, indices: torch.Tensor, now: int) -> torch.Tensor:
+        """The overflow rule: of the selected ``indices``, the ``slots`` with the highest
+        scores (``|a|``, or the drift score), in ascending order; the rest stays in the
+        residual. O(selected), only on a step that overflows."""
+        values = acc.index_select(0, indices.long())
+        if self.judge == "drift":
+            wait = min(1.0 / self.density, float(now))
+            values = drift_scores(values, self.last.index_select(0, indices.long()), now,
+                                  wait)
+        keep = torch.topk(values.abs(), self.slots, sorted=False).indices
+        return indices.index_select(0, keep.sort().values)
+
+    def exchange(self, acc, selection, status, iteration, reduction, traffic) -> Reduced:
+        """Exact sizes: the shared protocol. With slots: the same protocol in blocks of
+        one shape (:func:`~horovod_micro.exchange.gather_slots`)."""
+        if self.slots is None:
+            return super().exchange(acc, selection, status, iteration, reduction, traffic)
+        gathered = gather_slots(self.comm, selection.indices, self.slots, status, traffic,
+                                aux=selection.aux, selected=selection.selected)
+        gathered.raise_errors()
+        return self.combine(acc, selection, gathered, iteration, reduction, traffic)
 
     def _cap_ages(self, now: int) -> None:
         """Ages above AGE_CAP become AGE_CAP: one pass over N every AGE_RECAP iterations
@@ -231,9 +294,21 @@ class MicroCompressor(Sparsifier):
                 traffic: Traffic) -> Reduced:
         # Parts are disjoint: concatenation is already the union, without duplicates.
         union = torch.cat(gathered.per_rank)
-        values = self.wire(acc.index_select(0, union))
-        values = allreduce_values(self.comm, values, traffic, reduction.op,
-                                  reduction.prescale, reduction.postscale)
+        if isinstance(gathered, SlotsGathered):
+            # Every rank's slots, used or not: a value allreduce of one shape, n x slots,
+            # with the unused slots' values 0 (masked, not multiplied: a NaN at index 0
+            # must not leak into them).
+            slots = gathered.slots
+            values = self.wire(acc.index_select(0, slots.reshape(-1)).view(slots.shape))
+            values.masked_fill_(~gathered.valid, 0)
+            values = allreduce_values(self.comm, values.view(-1), traffic, reduction.op,
+                                      reduction.prescale, reduction.postscale)
+            values = torch.cat([row[:len(used)] for row, used
+                                in zip(values.view(slots.shape), gathered.per_rank)])
+        else:
+            values = self.wire(acc.index_select(0, union))
+            values = allreduce_values(self.comm, values, traffic, reduction.op,
+                                      reduction.prescale, reduction.postscale)
         return Reduced(union, values.to(acc.dtype), union, gathered, self._threshold)
 
     def observe(self, reduced: Reduced) -> None:
