@@ -27,6 +27,38 @@ def test_default_is_bounded_and_config_names_it():
     assert "controller" not in hvm.Compression.micro(0.01, controller="newton").config()
 
 
+@pytest.mark.parametrize("capacity", [0, -3, 2.5, True, "big"])
+def test_capacity_must_be_slots_or_exact(capacity):
+    with pytest.raises(ValueError, match="capacity must be a positive integer"):
+        hvm.Compression.micro(0.01, capacity=capacity)
+
+
+class _Comm:
+    def __init__(self, size: int):
+        self.size, self.rank = size, 0
+
+
+@pytest.mark.parametrize("n", [2, 3, 8, 16])
+def test_slots_follow_the_controller(n):
+    """ceil(1.2 k / n) slots with the bounded controller, at most a part; exact sizes with
+    the controllers whose counts scatter, or when asked; an integer as given."""
+    numel, density = 100_003, 0.01
+    k = int(density * numel)
+
+    def slots(**kwargs):
+        micro = hvm.Compression.micro(density, **kwargs)
+        micro.bind(numel, _Comm(n))
+        return micro.slots
+
+    assert slots() == math.ceil(1.2 * k / n)
+    assert slots(capacity="exact") is None
+    assert slots(controller="newton") is None and slots(controller="scale") is None
+    assert slots(capacity=7) == 7
+    assert slots(capacity=10**9) == -(-numel // n)  # no more than the largest part
+    assert "capacity" not in hvm.Compression.micro(density).config()
+    assert hvm.Compression.micro(density, capacity=7).config()["capacity"] == 7
+
+
 @pytest.mark.parametrize("correct", [True, False])
 def test_part_controller_state_round_trips(correct):
     a = PartController(100, [50, 50, 51], 0.01, correct=correct)

@@ -1,0 +1,79 @@
+"""Time per iteration of the main job on real ranks: dense against MiCRO, side by side.
+
+The question it answers: on n Gloo ranks of ``python -m train`` (Fashion-MNIST,
+``fmnist_mlp``, ``make run``'s recipe), is MiCRO's iteration faster than dense's, and what
+does each part of it cost? Every variant runs the same number of iterations, the variants
+interleaved in rounds (the machine's drift falls on all of them alike); per run the median
+over the iterations after the first ten (each iteration's time is its slowest rank's).
+
+    .venv/bin/python -m bench.iteration_ranks [--ranks 8] [--rounds 2] [--iters 60]
+        [--json bench/results/iteration-ranks8.json]
+
+Variants: ``dense`` (``--compressor none``), ``micro`` (the defaults: fixed-shape slots),
+``micro-exact`` (``--capacity exact``: variable-size blocks, negotiated every step).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from bench.launch import horovodrun_cmd
+
+REPO = Path(__file__).resolve().parent.parent
+VARIANTS = {"dense": ["--compressor", "none"], "micro": ["--compressor", "micro"],
+            "micro-exact": ["--compressor", "micro", "--capacity", "exact"]}
+FIELDS = ("total", "communication", "selection", "sync_other")
+SKIP = 10  # first iterations left out (negotiation, allocation, the first exchange's checks)
+
+
+def one_run(ranks: int, iters: int, extra: list[str], out: Path) -> dict:
+    argv = [sys.executable, "-m", "train", "--dataset", "fashion-mnist", "--epochs", "1",
+            "--max-iters-per-epoch", str(iters), "--out", str(out)] + extra
+    subprocess.run(horovodrun_cmd(ranks, "gloo", argv), cwd=REPO, check=True,
+                   capture_output=True)
+    rows = [json.loads(line) for line in (out / "iterations.jsonl").read_text().splitlines()]
+    kept = rows[SKIP:]
+    result = {f: statistics.median(r[f] for r in kept) for f in FIELDS}
+    result["bytes_sent"] = statistics.mean(r["bytes_sent"] for r in kept)
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ranks", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--iters", type=int, default=60)
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    runs: dict[str, list[dict]] = {v: [] for v in args.variants}
+    with tempfile.TemporaryDirectory(prefix="hvm-iteration-") as tmp:
+        for r in range(args.rounds):
+            for name in args.variants:
+                row = one_run(args.ranks, args.iters, VARIANTS[name], Path(tmp) / f"{name}-{r}")
+                runs[name].append(row)
+                print(f"round {r} {name}: " + ", ".join(
+                    f"{f} {row[f] * 1e3:.1f} ms" for f in FIELDS)
+                    + f", {row['bytes_sent'] / 1e3:.1f} KB sent", flush=True)
+    print(f"\n| {args.ranks} Gloo ranks | " + " | ".join(f"{f}, ms" for f in FIELDS)
+          + " | x dense (total) |")
+    print("|---|" + "---:|" * (len(FIELDS) + 1))
+    dense = statistics.median(x["total"] for x in runs.get("dense", [])) if "dense" in runs \
+        else None
+    for name, rows in runs.items():
+        cells = [statistics.median(x[f] for x in rows) * 1e3 for f in FIELDS]
+        ratio = f"{cells[0] / (dense * 1e3):.3f}" if dense else ""
+        print(f"| {name} | " + " | ".join(f"{c:.1f}" for c in cells) + f" | {ratio} |")
+    if args.json:
+        args.json.write_text(json.dumps({"ranks": args.ranks, "iters": args.iters,
+                                         "runs": runs}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
