@@ -318,8 +318,8 @@ def gather_slots(comm: Comm, indices: torch.Tensor, capacity: int, status: int,
 
     heads = gathered[:, :FIXED_HEADER].tolist()
     slots = gathered[:, FIXED_HEADER:]
-    counts = torch.arange(capacity, device=slots.device)
-    valid = counts < gathered[:, 1:2]
+    positions = torch.arange(capacity, device=slots.device)
+    valid = positions < gathered[:, 1:2]
     return SlotsGathered(
         per_rank=[slots[r, :head[1]] for r, head in enumerate(heads)],
         statuses=[head[0] & ((1 << CODE_BITS) - 1) for head in heads],

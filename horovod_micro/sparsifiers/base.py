@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 import horovod.torch as hvd
 import torch
 
-from ..exchange import Comm, Gathered, Traffic, gather_indices
+from ..exchange import Comm, Gathered, Traffic, gather_indices, gather_slots
 
 
 @dataclass
@@ -128,6 +128,9 @@ class Sparsifier:
     name = "sparse"
     #: With ``momentum_masking=None``, mask from this many ranks on (None: never).
     masks_momentum_from: int | None = None
+    #: Index slots per rank in the exchange's gather, one shape every step (None: exact
+    #: variable sizes). A method whose count is bounded sets it when bound.
+    slots: int | None = None
 
     def __init__(self, density: float | None, *, error_feedback: bool = True,
                  fp16_values: bool = False, momentum_masking: bool | None = None):
@@ -212,9 +215,15 @@ class Sparsifier:
     def exchange(self, acc: torch.Tensor, selection: Selection, status: int,
                  iteration: int, reduction: Reduction, traffic: Traffic) -> Reduced:
         """The protocol every method shares (see the module docstring): the index gather
-        with ``status``, the collective error check, then :meth:`combine`."""
+        with ``status`` (in :attr:`slots` of one fixed shape where the method sets them,
+        :func:`~horovod_micro.exchange.gather_slots`), the collective error check, then
+        :meth:`combine`."""
         sent = selection.indices if selection.announced else selection.indices[:0]
-        gathered = gather_indices(self.comm, sent, status, traffic, aux=selection.aux)
+        if self.slots is None:
+            gathered = gather_indices(self.comm, sent, status, traffic, aux=selection.aux)
+        else:
+            gathered = gather_slots(self.comm, sent, self.slots, status, traffic,
+                                    aux=selection.aux, selected=selection.selected)
         gathered.raise_errors()
         return self.combine(acc, selection, gathered, iteration, reduction, traffic)
 

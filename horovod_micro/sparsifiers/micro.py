@@ -37,7 +37,7 @@ import math
 import torch
 
 from ..density_controller import DensityController, PaperController
-from ..exchange import SlotsGathered, Traffic, allreduce_values, gather_slots
+from ..exchange import SlotsGathered, Traffic, allreduce_values
 from ..part_controller import PartController
 from ..partition import owned_part, part_bounds
 from ..selection import (
@@ -118,8 +118,6 @@ class MicroCompressor(Sparsifier):
                          momentum_masking=momentum_masking)
         self.initial_threshold = initial_threshold
         self.capacity = capacity
-        #: index slots per rank in this job's exchange (None: exact sizes); set by bind
-        self.slots: int | None = None
         self.controller_name = controller
         self.judge = judge if judge is not None else (
             "drift" if controller in ("bounded", "scale") else "magnitude")
@@ -204,7 +202,7 @@ class MicroCompressor(Sparsifier):
 
     def _slots(self, size: int) -> int | None:
         """Index slots per rank for ``size`` ranks (see ``capacity``), at most a part."""
-        largest = max(end - start for start, end in self.bounds)
+        largest = max(self._part_sizes())
         if isinstance(self.capacity, int):
             return min(self.capacity, largest)
         if self.capacity == "exact" or self.controller_name != "bounded":
@@ -242,7 +240,7 @@ class MicroCompressor(Sparsifier):
             now = iteration + 1
             self._cap_ages(now)
             self._selector.bind(acc[start:end], self.last[start:end], now,
-                                min(1.0 / self.density, float(now)))
+                                self._wait(now))
         if self.density >= 1.0 and not isinstance(self.controller, PartController):
             # Density 1 with a shared threshold: the whole part goes, as a dense exchange
             # would send it (the per-part controllers do the same themselves).
@@ -263,21 +261,15 @@ class MicroCompressor(Sparsifier):
         residual. O(selected), only on a step that overflows."""
         values = acc.index_select(0, indices.long())
         if self.judge == "drift":
-            wait = min(1.0 / self.density, float(now))
             values = drift_scores(values, self.last.index_select(0, indices.long()), now,
-                                  wait)
+                                  self._wait(now))
         keep = torch.topk(values.abs(), self.slots, sorted=False).indices
         return indices.index_select(0, keep.sort().values)
 
-    def exchange(self, acc, selection, status, iteration, reduction, traffic) -> Reduced:
-        """Exact sizes: the shared protocol. With slots: the same protocol in blocks of
-        one shape (:func:`~horovod_micro.exchange.gather_slots`)."""
-        if self.slots is None:
-            return super().exchange(acc, selection, status, iteration, reduction, traffic)
-        gathered = gather_slots(self.comm, selection.indices, self.slots, status, traffic,
-                                aux=selection.aux, selected=selection.selected)
-        gathered.raise_errors()
-        return self.combine(acc, selection, gathered, iteration, reduction, traffic)
+    def _wait(self, now: int) -> float:
+        """The drift judge's mean wait at iteration ``now``: ``1 / d``, or the iterations
+        so far while fewer."""
+        return min(1.0 / self.density, float(now))
 
     def _cap_ages(self, now: int) -> None:
         """Ages above AGE_CAP become AGE_CAP: one pass over N every AGE_RECAP iterations
