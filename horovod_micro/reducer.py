@@ -144,6 +144,7 @@ class SparseReducer:
         self.stats_callback = stats_callback
         self.iteration = 0
         self.last_stats: StepStats | None = None
+        sparsifier.bind_shapes([tuple(p.shape) for p in layout.params])
         sparsifier.bind(layout.numel, comm)
         self.residual = torch.zeros(layout.numel, dtype=layout.dtype, device=layout.device)
         self.output = torch.zeros(layout.numel, dtype=layout.dtype, device=layout.device)
@@ -262,7 +263,7 @@ class SparseReducer:
         contributed = (applied if reduced.contributed is reduced.indices
                        else reduced.contributed.long())
         sent = acc.index_select(0, contributed)
-        kept = self.sparsifier.wire_error(sent)
+        kept = self.sparsifier.wire_error(sent) if reduced.kept is None else reduced.kept
         acc.index_copy_(0, contributed, kept)
         self._clear_output()
         self.output.index_copy_(0, applied, reduced.values.to(self.output.dtype))

@@ -151,8 +151,9 @@ def negotiations(steps, capacity=None, density=0.01, method="micro", options=Non
         named_parameters=model.named_parameters(),
         compression=(hvm.Compression.micro(density=density, capacity=capacity)
                      if method == "micro"
-                     else getattr(hvm.Compression, method)(density=density,
-                                                          **(options or {}))))
+                     else getattr(hvm.Compression, method)(
+                         **({} if method == "powersgd" else {"density": density}),
+                         **(options or {}))))
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     log = tempfile.NamedTemporaryFile(prefix="hvm-trace-", delete=False)
     sys.stdout.flush()

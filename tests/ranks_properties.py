@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 import horovod_micro as hvm
 
-METHODS = ["micro", "topk", "gtopk", "randomk", "threshold", "cltk"]
+METHODS = ["micro", "topk", "gtopk", "randomk", "threshold", "cltk", "powersgd"]
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
           "bfloat16": torch.bfloat16}
 
@@ -42,6 +42,8 @@ CASES = st.fixed_dictionaries({
 def _compression(method: str, density: float):
     if method == "threshold":
         return hvm.Compression.threshold(density=density)
+    if method == "powersgd":  # no density: the rank of the approximation, 1 to 4
+        return hvm.Compression.powersgd(rank=1 + int(density * 3.999))
     return getattr(hvm.Compression, method)(density=density)
 
 

@@ -44,7 +44,8 @@ def loopback_traces(n, method, kwargs, op="average", iterations=ITERATIONS, devi
 
 
 def test_specs_cover_every_registered_method():
-    assert {s["method"] for s in SPECS.values()} | {"micro"} == set(registry.names())
+    assert {s["method"] for s in SPECS.values()} | {"micro", "powersgd"} == set(
+        registry.names())
 
 
 def check_baseline(label, n, device="cpu"):

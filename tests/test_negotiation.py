@@ -31,10 +31,13 @@ def test_exact_sizes_renegotiate_every_step():
         assert all(count >= 1 for count in per_step[5:]), per_step
 
 
-@pytest.mark.parametrize("method", ["topk", "gtopk", "randomk"])
+@pytest.mark.parametrize("method", ["topk", "gtopk", "randomk", "powersgd"])
 def test_fixed_count_methods_are_cache_hits(method):
-    """Top-k, gTop-k and Random-k send exactly k per rank: fixed shapes already."""
+    """Top-k, gTop-k and Random-k send exactly k per rank, PowerSGD its factors: fixed
+    shapes already."""
+    options = {"rank": 2} if method == "powersgd" else None
     results = run_ranks("ranks_micro:negotiations", np=2,
-                        kwargs={"steps": 10, "method": method}, env=TRACE)
+                        kwargs={"steps": 10, "method": method, "options": options},
+                        env=TRACE)
     for r in results:
         assert r.value["per_step"][5:] == [0] * 5, r.value["per_step"]

@@ -77,3 +77,10 @@ def test_momentum_masking_flag_reaches_the_compressor():
     assert build_compression("topk", 0.01, None, True).momentum_masking is True
     with pytest.raises(TrainError, match="--momentum-masking applies to sparse methods"):
         build_compression("none", 0.01, None, True)
+
+
+def test_powersgd_rank_flag_reaches_the_compressor():
+    assert build_compression("powersgd", 0.01).rank == 1  # no density: its default rank
+    assert build_compression("powersgd", 0.01, powersgd_rank=4).rank == 4
+    with pytest.raises(TrainError, match="--powersgd-rank applies to powersgd"):
+        build_compression("micro", 0.01, powersgd_rank=2)

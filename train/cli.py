@@ -88,6 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--capacity", default=None, metavar="SLOTS|exact",
                    help="MiCRO's index slots per rank (default: 1.2 k/n, one shape every "
                         "step); exact: exact sizes, renegotiated every step")
+    g.add_argument("--powersgd-rank", type=int, default=None, metavar="R",
+                   help="PowerSGD's approximation rank (default 1)")
     g.add_argument("--momentum-masking", choices=("on", "off"), default=None,
                    help="clear the momentum where a sparse aggregate arrived (default: the "
                         "method's own, on for micro; off runs MiCRO as published)")

@@ -46,10 +46,11 @@ class UnknownCompressorError(TrainError, ValueError):
 
 def build_compression(name: str, density: float, controller: str | None = None,
                       momentum_masking: bool | None = None, judge: str | None = None,
-                      capacity: int | str | None = None):
+                      capacity: int | str | None = None, powersgd_rank: int | None = None):
     """``hvm.Compression.<name>``: dense classes as they are, sparse factories called with
-    ``density`` (and MiCRO with ``controller``, ``judge`` and ``capacity``, any sparse method
-    with ``momentum_masking``, when given). Unknown names list what this horovod_micro offers."""
+    ``density`` where they take one (and MiCRO with ``controller``, ``judge`` and
+    ``capacity``, PowerSGD with its rank, any method with ``momentum_masking``, when given).
+    Unknown names list what this horovod_micro offers."""
     factory = getattr(hvm.Compression, name, None)
     if factory is None or name.startswith("_"):
         raise UnknownCompressorError(
@@ -62,7 +63,8 @@ def build_compression(name: str, density: float, controller: str | None = None,
             ("--momentum-masking", "momentum_masking", momentum_masking, "sparse methods"),
             ("--judge", "judge", judge, "micro"),
             ("--controller", "controller", controller, "micro"),
-            ("--capacity", "capacity", capacity, "micro")):
+            ("--capacity", "capacity", capacity, "micro"),
+            ("--powersgd-rank", "rank", powersgd_rank, "powersgd")):
         if value is None:
             continue
         if key not in params:
@@ -70,11 +72,9 @@ def build_compression(name: str, density: float, controller: str | None = None,
         extra[key] = value
     if dense:
         return factory
-    if extra:
-        return factory(density=density, **extra)
     if "density" in params:
-        return factory(density=density)
-    return factory(density)
+        return factory(density=density, **extra)
+    return factory(**extra)
 
 
 def _capacity(text: str | None) -> int | str | None:
@@ -126,7 +126,8 @@ def setup(args: argparse.Namespace, cifar_classes: dict | None = None) -> Contex
                                     getattr(args, "controller", None),
                                     None if masking is None else masking == "on",
                                     getattr(args, "judge", None),
-                                    _capacity(getattr(args, "capacity", None)))
+                                    _capacity(getattr(args, "capacity", None)),
+                                    getattr(args, "powersgd_rank", None))
     optimizer = hvm.DistributedOptimizer(base, named_parameters=model.named_parameters(),
                                          compression=compression)
     loader, sampler = train_loader(data.train, args.batch_size, args.workers, args.seed,

@@ -100,6 +100,9 @@ class Reduced:
             (keeping only :meth:`Sparsifier.wire_error`, 0 in full precision).
         gathered: the per-rank selections and statuses from the index exchange.
         threshold: the threshold used, for methods that have one.
+        kept: what this rank's residual keeps at ``contributed`` on a finite step (None:
+            :meth:`Sparsifier.wire_error` of the values sent). A method whose share of the
+            aggregate is not the value itself (PowerSGD's projection) says what it missed.
     """
 
     indices: torch.Tensor
@@ -107,6 +110,7 @@ class Reduced:
     contributed: torch.Tensor
     gathered: Gathered
     threshold: float | None = None
+    kept: torch.Tensor | None = None
 
 
 class Sparsifier:
@@ -174,6 +178,11 @@ class Sparsifier:
             return (f"{self.name}: density {self.density} selects no element of a "
                     f"{numel}-element gradient (k = floor(density * N) = 0)")
         return None
+
+    def bind_shapes(self, shapes: list[tuple[int, ...]]) -> None:
+        """The parameters' shapes, in the flat vector's order; called before :meth:`bind`
+        by the reducer. Default: ignored (a sparsifier sees one flat vector)."""
+        del shapes
 
     def bind(self, numel: int, comm: Comm) -> None:
         """Size the sparsifier's state for a flat gradient of ``numel`` elements."""

@@ -1,0 +1,256 @@
+"""PowerSGD: a rank-``r`` approximation of each matrix-shaped gradient, by one step of
+power iteration, exchanged as two small allreduces.
+
+Vogels, Karimireddy, Jaggi, "PowerSGD: Practical Low-Rank Gradient Compression for
+Distributed Optimization", NeurIPS 2019 (Algorithm 1, with error feedback and a warm
+start). It is not a sparsifier: every coordinate receives an aggregate, but the aggregate
+of an ``m x c`` gradient has rank ``r``, so only ``r (m + c)`` numbers per matrix travel.
+Its traffic does not grow with the number of ranks ``n``, and all ranks combine the same
+factors, so it has no "gradient build-up" and no local judgement to go wrong at large n.
+
+Per step, every rank ``w`` with error-compensated gradient ``a_t`` (gradient plus
+residual, as for every method of this package), each parameter viewed as a matrix ``M_w``
+of ``m = shape[0]`` rows and ``c = numel / m`` columns:
+
+1. ``P_w = M_w Q`` with the ``c x r`` matrix ``Q`` every rank holds alike (warm start: the
+   previous step's averaged ``Q``; at the first step drawn from ``seed``);
+2. one allreduce sums the ``P_w`` of every matrix at once, together with the tensors that
+   go uncompressed (below); ``P`` is orthonormalised (Gram-Schmidt over its ``r``
+   columns, on the device, no host read);
+3. ``Q_w = M_w^T P``; a second allreduce sums the ``Q_w`` of every matrix;
+4. the aggregate is ``P (sum_w Q_w)^T``, averaged like Horovod's ``op``; this rank's share
+   of it is ``P Q_w^T``, and the residual keeps what that share misses,
+   ``M_w - P Q_w^T`` (the local projection's error; summed over ranks the residuals lose
+   exactly ``n`` times the aggregate, as with every method here);
+5. the averaged ``Q`` is the next step's warm start, so that the power iteration runs on
+   across steps and tracks the gradient's dominant subspace.
+
+Which tensors are compressed: a parameter of two or more dimensions whose ``m c`` entries
+exceed ``min_compression`` times ``r (m + c)``. Vectors (biases, norms) and small matrices
+go uncompressed, summed in the first allreduce; the residual keeps nothing of them.
+
+Collectives per step, whatever the number of parameters: the status header's allgather
+(every method's collective error check) and two allreduces, each of one fixed shape, so
+Horovod negotiates them once. Traffic per rank (ring model, ``b`` bytes per value):
+``2 (n - 1) / n * b * (sum over matrices of r (m + c) + uncompressed entries)``, plus the
+header.
+
+Tuning: ``rank`` is the one knob that matters. Rank 1 sends least and, with error
+feedback, already trains most models; rank 2 or 4 approximate the gradient better per
+step at 2x or 4x the (small) traffic. ``warm_start=False`` draws a new ``Q`` every step
+(worse approximations, as the paper shows; for comparison only).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import horovod.torch as hvd
+import torch
+
+from ..exchange import SelectedCounts, Traffic, allreduce_values
+from ..selection import index_dtype
+from .base import Reduced, Reduction, Selection, Sparsifier
+from .registry import register
+
+
+def orthonormalize_(matrix: torch.Tensor) -> torch.Tensor:
+    """Gram-Schmidt over the columns of ``matrix`` (rows x r), in place. A column with no
+    component left (a zero gradient) stays zero rather than dividing by zero."""
+    tiny = torch.finfo(matrix.dtype).tiny
+    for i in range(matrix.shape[1]):
+        column = matrix[:, i:i + 1]
+        if i:
+            done = matrix[:, :i]
+            column -= done @ (done.T @ column)
+        column /= torch.linalg.vector_norm(column).clamp_min(tiny)
+    return matrix
+
+
+class _Matrix:
+    """Where one compressed parameter lies: in the flat vector, in ``P`` and in ``Q``."""
+
+    __slots__ = ("start", "rows", "cols", "p_start", "q_start")
+
+    def __init__(self, start: int, rows: int, cols: int, p_start: int, q_start: int):
+        self.start, self.rows, self.cols = start, rows, cols
+        self.p_start, self.q_start = p_start, q_start
+
+    @property
+    def end(self) -> int:
+        return self.start + self.rows * self.cols
+
+
+@register
+class PowerSGDCompressor(Sparsifier):
+    """PowerSGD with error feedback and warm start (see the module docstring).
+
+    Args:
+        rank: the rank ``r`` of each matrix's approximation (1, 2, 4 are usual).
+        min_compression: compress a matrix only if its entries exceed this many times the
+            ``r (m + c)`` numbers its factors hold (smaller ones go uncompressed).
+        warm_start: start each step's power iteration from the previous step's ``Q``.
+        seed: seed of the first ``Q`` (equal on every rank, which the optimizer checks).
+        error_feedback, fp16_values: see :class:`~horovod_micro.sparsifiers.base.Sparsifier`
+            (with ``fp16_values`` the factors travel as float16).
+
+    Example::
+
+        opt = hvm.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                       compression=hvm.Compression.powersgd(rank=2))
+    """
+
+    name = "powersgd"
+
+    def __init__(self, rank: int = 1, *, min_compression: float = 2.0,
+                 warm_start: bool = True, seed: int = 0, error_feedback: bool = True,
+                 fp16_values: bool = False):
+        super().__init__(1.0, error_feedback=error_feedback, fp16_values=fp16_values)
+        self.rank = rank
+        self.min_compression = min_compression
+        self.warm_start = warm_start
+        self.seed = seed
+        self.shapes: list[tuple[int, ...]] = []
+        self.matrices: list[_Matrix] = []
+        self.p_numel = self.q_numel = 0
+        self.q: torch.Tensor | None = None  # every matrix's Q, one flat buffer
+        self._uncompressed: torch.Tensor | None = None  # flat indices sent as they are
+        self._all: torch.Tensor | None = None  # arange(N): the aggregate covers everything
+        self._next_q: torch.Tensor | None = None  # this step's averaged Q, kept on success
+
+    # ----- configuration -------------------------------------------------------------
+    def config(self) -> dict:
+        config = {k: v for k, v in super().config().items() if k != "density"}
+        return {**config, "rank": self.rank, "min_compression": self.min_compression,
+                "warm_start": self.warm_start, "seed": self.seed}
+
+    def config_error(self) -> str | None:
+        r, c, s = self.rank, self.min_compression, self.seed
+        if isinstance(r, bool) or not isinstance(r, int) or r < 1:
+            return f"powersgd: rank must be a positive integer, got {r!r}"
+        if (isinstance(c, bool) or not isinstance(c, int | float) or not math.isfinite(c)
+                or c < 1.0):
+            return f"powersgd: min_compression must be a number >= 1, got {c!r}"
+        if isinstance(s, bool) or not isinstance(s, int) or s < 0:
+            return f"powersgd: seed must be a non-negative integer, got {s!r}"
+        if not isinstance(self.warm_start, bool):
+            return f"powersgd: warm_start must be True or False, got {self.warm_start!r}"
+        return None
+
+    def bind_shapes(self, shapes: Sequence[tuple[int, ...]]) -> None:
+        self.shapes = [tuple(int(d) for d in shape) for shape in shapes]
+
+    def bind(self, numel: int, comm) -> None:
+        super().bind(numel, comm)
+        shapes = self.shapes or [(numel,)]
+        start = p_numel = q_numel = 0
+        uncompressed = []
+        for shape in shapes:
+            size = math.prod(shape)
+            rows = shape[0] if len(shape) >= 2 else size
+            cols = size // rows if rows else 0
+            if len(shape) >= 2 and size > self.min_compression * self.rank * (rows + cols):
+                self.matrices.append(_Matrix(start, rows, cols, p_numel, q_numel))
+                p_numel += rows * self.rank
+                q_numel += cols * self.rank
+            else:
+                uncompressed.append(torch.arange(start, start + size))
+            start += size
+        if start != numel:
+            raise ValueError(f"powersgd: the parameters' shapes hold {start} elements, the "
+                             f"flat gradient {numel}")
+        self.p_numel, self.q_numel = p_numel, q_numel
+        self._uncompressed = (torch.cat(uncompressed) if uncompressed
+                              else torch.empty(0, dtype=torch.int64))
+
+    def sent_numbers(self) -> int:
+        """The numbers this rank contributes per step: every matrix's ``r (m + c)``
+        factors plus the uncompressed entries."""
+        return self.p_numel + self.q_numel + int(self._uncompressed.numel())
+
+    # ----- the pipeline --------------------------------------------------------------
+    def _initial_q(self, iteration: int, like: torch.Tensor) -> torch.Tensor:
+        seed = self.seed if self.warm_start else self.seed * 1_000_003 + iteration + 1
+        gen = torch.Generator().manual_seed(seed)
+        return torch.randn(self.q_numel, generator=gen, dtype=torch.float64).to(
+            dtype=like.dtype, device=like.device)
+
+    def select(self, acc: torch.Tensor, iteration: int) -> Selection:
+        # Nothing to choose: every coordinate gets an aggregate. Only the status header
+        # travels in the shared index gather (no indices announced).
+        if self._all is None or self._all.device != acc.device:
+            self._all = torch.arange(self.numel, dtype=index_dtype(self.numel),
+                                     device=acc.device)
+            self._uncompressed = self._uncompressed.to(acc.device)
+        return Selection(self._all, announced=False)
+
+    def _q_of(self, buffer: torch.Tensor, m: _Matrix) -> torch.Tensor:
+        return buffer[m.q_start:m.q_start + m.cols * self.rank].view(m.cols, self.rank)
+
+    def _p_of(self, buffer: torch.Tensor, m: _Matrix) -> torch.Tensor:
+        return buffer[m.p_start:m.p_start + m.rows * self.rank].view(m.rows, self.rank)
+
+    def combine(self, acc, selection, gathered, iteration, reduction: Reduction,
+                traffic: Traffic) -> Reduced:
+        n = self.comm.size
+        counts = SelectedCounts(gathered.per_rank, gathered.statuses, gathered.aux,
+                                gathered.checks, selected=[self.numel] * n)
+        if gathered.nonfinite():  # every rank knows from the header: nothing travels
+            empty = acc[:0]
+            return Reduced(self._all[:0], empty, self._all[:0], counts)
+        if self.q is None or not self.warm_start:
+            q = self._initial_q(iteration, acc)
+        else:
+            q = self.q.to(device=acc.device, dtype=acc.dtype)
+        dense = self._uncompressed
+        # First allreduce: every matrix's P = M Q, then the uncompressed entries.
+        first = torch.empty(self.p_numel + dense.numel(), dtype=acc.dtype, device=acc.device)
+        for m in self.matrices:
+            torch.mm(acc[m.start:m.end].view(m.rows, m.cols), self._q_of(q, m),
+                     out=self._p_of(first, m))
+        torch.index_select(acc, 0, dense, out=first[self.p_numel:])
+        first_sent = self.wire(first)
+        summed_p = allreduce_values(self.comm, first_sent.clone(), traffic, hvd.Sum, 1.0,
+                                    1.0, role="powersgd-p").to(acc.dtype)
+        # Second allreduce: Q_w = M^T P with P orthonormal, the same P on every rank.
+        local_q = torch.empty(self.q_numel, dtype=acc.dtype, device=acc.device)
+        for m in self.matrices:
+            p = orthonormalize_(self._p_of(summed_p, m))
+            torch.mm(acc[m.start:m.end].view(m.rows, m.cols).T, p, out=self._q_of(local_q, m))
+        local_sent = self.wire(local_q)
+        summed_q = allreduce_values(self.comm, local_sent.clone(), traffic, hvd.Sum, 1.0,
+                                    1.0, role="powersgd-q").to(acc.dtype)
+        # The aggregate P (sum Q)^T and this rank's share P Q_w^T, matrix by matrix.
+        values = torch.empty_like(acc)
+        kept = torch.empty_like(acc)
+        own_q = local_sent.to(acc.dtype)  # what of Q_w reached the sum
+        for m in self.matrices:
+            p = self._p_of(summed_p, m)
+            torch.mm(p, self._q_of(summed_q, m).T, out=values[m.start:m.end].view(m.rows, m.cols))
+            share = kept[m.start:m.end].view(m.rows, m.cols)
+            torch.mm(p, self._q_of(own_q, m).T, out=share)
+            torch.sub(acc[m.start:m.end].view(m.rows, m.cols), share, out=share)
+        values.index_copy_(0, dense, summed_p[self.p_numel:])
+        kept.index_copy_(0, dense, self.wire_error(acc.index_select(0, dense)))
+        self._next_q = summed_q.div_(n)
+        return Reduced(self._all, reduction.finish_sum(values, n), self._all, counts,
+                       kept=kept)
+
+    def observe(self, reduced: Reduced) -> None:
+        """A finite step: its averaged ``Q`` is the next step's warm start."""
+        if self._next_q is not None:
+            self.q, self._next_q = self._next_q, None
+
+    # ----- checkpointing -------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"q": None if self.q is None else self.q.detach().cpu().clone()}
+
+    def load_state_dict(self, state: dict) -> None:
+        q = state.get("q")
+        if q is not None and (not isinstance(q, torch.Tensor) or q.numel() != self.q_numel):
+            raise ValueError(f"powersgd: the state's Q holds "
+                             f"{getattr(q, 'numel', lambda: '?')()} numbers, this model's "
+                             f"{self.q_numel} (another model or rank?)")
+        self.q = None if q is None else q.clone()
+        self._next_q = None

@@ -1,0 +1,110 @@
+"""PowerSGD on real ranks (Gloo and MPI) equals an independent single-process simulation
+of the same algorithm and seed, step after step; its bytes are the model's r (m + c) per
+matrix; its state resumes; a NaN on one rank skips the step everywhere."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from multirank import run_ranks
+from ranks_powersgd import SHAPES, rank_grads
+from simulation_powersgd import compressed, simulate_powersgd
+
+import horovod_micro as hvm
+from horovod_micro.stats import ring_allgather_bytes, ring_allreduce_bytes
+
+STEPS = 4
+
+
+def _flat(tensors) -> torch.Tensor:
+    return torch.cat([torch.as_tensor(t, dtype=torch.float64).reshape(-1) for t in tensors])
+
+
+def model_numbers(rank: int) -> tuple[int, int]:
+    """The two allreduces' sizes by the paper's model: every compressed m x c matrix sends
+    r m numbers (P, with the uncompressed entries) and r c numbers (Q)."""
+    first = second = 0
+    for shape in SHAPES:
+        if compressed(shape, rank):
+            first += rank * shape[0]
+            second += rank * math.prod(shape[1:])
+        else:
+            first += math.prod(shape)
+    return first, second
+
+
+@pytest.mark.parametrize("backend,n,rank,op", [("gloo", 2, 1, "average"),
+                                               ("gloo", 3, 2, "sum"),
+                                               ("mpi", 2, 4, "average")])
+def test_powersgd_on_real_ranks_equals_the_simulation(backend, n, rank, op):
+    results = run_ranks("ranks_powersgd:traces", np=n, backend=backend,
+                        kwargs={"rank_r": rank, "steps": STEPS, "op": op})
+    grads = [[rank_grads(w, t) for w in range(n)] for t in range(STEPS)]
+    want = simulate_powersgd(grads, SHAPES, rank, average=op == "average")
+    first, second = model_numbers(rank)
+    assert sum(compressed(s, rank) for s in SHAPES) >= 2  # the test compresses something
+    for r in results:
+        v = r.value
+        assert v["same_weights"]
+        assert v["compressed"] == [[s[0], math.prod(s[1:])] for s in SHAPES
+                                   if compressed(s, rank)]
+        assert v["sent_numbers"] == first + second
+        for t, got in enumerate(v["steps"]):
+            context = (backend, n, rank, t, r.rank)
+            torch.testing.assert_close(_flat(got["grads"]), _flat(want[t]["aggregate"]),
+                                       rtol=1e-4, atol=1e-5, msg=str(context))
+            torch.testing.assert_close(_flat([got["residual"]]),
+                                       _flat(want[t]["residuals"][r.rank]),
+                                       rtol=1e-4, atol=1e-5, msg=str(context))
+            # Bytes: the status header's allgather (3 int32 per rank) and two ring
+            # allreduces of float32 factors, nothing else.
+            header = ring_allgather_bytes([12] * n, r.rank)
+            moved = [ring_allreduce_bytes(4 * size, n) for size in (first, second)]
+            assert got["bytes_sent"] == header[0] + moved[0][0] + moved[1][0], context
+            assert got["bytes_received"] == header[1] + moved[0][1] + moved[1][1], context
+            assert got["method"] == "powersgd" and not got["nonfinite"]
+            assert got["global_count"] == sum(math.prod(s) for s in SHAPES)
+            assert got["density"] == 1.0
+        for got, t in zip(v["resumed"], range(STEPS // 2, STEPS)):
+            torch.testing.assert_close(_flat(got), _flat(v["steps"][t]["grads"]),
+                                       rtol=1e-5, atol=1e-6)
+
+
+def test_powersgd_first_step_is_the_simulation_to_float_rounding():
+    """The first step alone, tight: the library's float32 Gram-Schmidt against the
+    simulation's float64 QR differs by float32 rounding only."""
+    results = run_ranks("ranks_powersgd:traces", np=2, kwargs={"rank_r": 2, "steps": 2})
+    grads = [[rank_grads(w, 0) for w in range(2)]]
+    want = simulate_powersgd(grads, SHAPES, 2)[0]
+    for r in results:
+        got = _flat(r.value["steps"][0]["grads"])
+        expected = _flat(want["aggregate"])
+        assert float((got - expected).abs().max()) <= 1e-5 * float(expected.abs().max())
+
+
+def test_nonfinite_step_is_skipped_everywhere_and_keeps_the_warm_start():
+    results = run_ranks("ranks_powersgd:nonfinite_then_finite", np=2)
+    for r in results:
+        seen = r.value["seen"]
+        assert [s["nonfinite"] for s in seen] == [False, True, False]
+        assert seen[1]["all_nan"] and not seen[2]["all_nan"]
+        assert seen[1]["q"] == seen[0]["q"]  # the skipped step left Q as it was
+        assert seen[2]["q"] != seen[1]["q"]
+    assert results[0].value["seen"] == results[1].value["seen"]
+
+
+def test_a_bad_rank_on_one_rank_raises_on_every_rank():
+    results = run_ranks("ranks_powersgd:bad_rank_on_one_rank", np=2)
+    errors = {r.value["error"] for r in results}
+    assert len(errors) == 1 and "rank must be a positive integer" in errors.pop()
+
+
+@pytest.mark.parametrize("kwargs,message", [({"rank": 0}, "rank must be"),
+                                            ({"rank": 1.5}, "rank must be"),
+                                            ({"min_compression": 0.5}, "min_compression"),
+                                            ({"seed": -1}, "seed must be")])
+def test_bad_arguments_outside_a_job(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        hvm.Compression.powersgd(**kwargs)
