@@ -12,7 +12,9 @@ shared 2-core machine falls on all of them alike):
 * ``compute``: the same loop with the plain optimizer, no exchange (the lower bound);
 * ``none`` / ``fp16``: Horovod's dense allreduce (overlapped with backward by hooks);
 * ``micro`` and the sparse baselines that exist (``topk``, ``threshold``, ``cltk``,
-  ``randomk``, ``gtopk``) at each density.
+  ``randomk``, ``gtopk``) at each density;
+* ``powersgd:rank=1`` and ``powersgd:rank=4`` (no density: a low-rank exchange; any
+  method may carry keyword arguments after a colon).
 
 Per iteration, after an untimed tiny allreduce that lines the ranks up, each rank times
 forward+backward and the optimizer step (``compute``) and ``synchronize()`` (the exchange
@@ -38,25 +40,27 @@ import sys
 import time
 from pathlib import Path
 
-from bench.common import mean, median, random_batches
+from bench.common import mean, median, parse_method, random_batches, takes_density
 from bench.launch import horovodrun_cmd, run_bounded
 
 REPO = Path(__file__).resolve().parent.parent
-DEFAULT_METHODS = ("compute", "none", "fp16", "micro", "topk", "threshold", "cltk")
+DEFAULT_METHODS = ("compute", "none", "fp16", "micro", "topk", "threshold", "cltk",
+                   "powersgd:rank=1", "powersgd:rank=4")
 
 
 # --------------------------------------------------------------------------------- ranks
-def make_compressor(hvm, method: str, density: float, threshold: float | None):
-    factory = getattr(hvm.Compression, method)
-    kwargs = {"density": density}
+def make_compressor(hvm, method: str, density: float | None, threshold: float | None):
+    """``method`` (``name[:key=value,...]``) at ``density`` (None: a method that takes
+    none, PowerSGD)."""
+    name, kwargs = parse_method(method)
+    factory = getattr(hvm.Compression, name)
+    if density is not None:
+        kwargs = {"density": density, **kwargs}
     # MiCRO's default controller scales its threshold with each step's gradient and
     # corrects within the step: it needs no calibrated start.
-    if method == "threshold":  # a fixed lambda: the calibrated one, not 1/(2 sqrt(k))
+    if name == "threshold":  # a fixed lambda: the calibrated one, not 1/(2 sqrt(k))
         kwargs = {"value": threshold}
-    try:
-        return factory(**kwargs)
-    except TypeError:
-        return factory(density)
+    return factory(**kwargs)
 
 
 def worker(args) -> None:
@@ -86,8 +90,11 @@ def worker(args) -> None:
 
     configs, skipped = [], []
     for method in args.methods:
-        densities = args.densities if method in names() else [None]
-        if method not in names() and method not in ("compute", "none", "fp16"):
+        name = parse_method(method)[0]
+        sparse = name in names()
+        densities = (args.densities if sparse and takes_density(getattr(hvm.Compression, name))
+                     else [None])
+        if not sparse and method not in ("compute", "none", "fp16"):
             skipped.append(method)
             continue
         for d in densities:
@@ -104,10 +111,10 @@ def worker(args) -> None:
             if method == "compute":
                 opt = base
             else:
-                compression = (getattr(hvm.Compression, method) if d is None else
+                compression = (getattr(hvm.Compression, method) if not sparse else
                                make_compressor(hvm, method, d,
                                                calibration_threshold(model, d)
-                                               if method == "threshold" else None))
+                                               if name == "threshold" else None))
                 opt = hvm.DistributedOptimizer(base, named_parameters=model.named_parameters(),
                                                compression=compression)
             configs.append({"label": label, "method": method, "density": d, "model": model,

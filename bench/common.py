@@ -5,12 +5,31 @@ Launching ranks (horovodrun command lines, bounded child processes): ``bench.lau
 
 from __future__ import annotations
 
+import ast
 import statistics
 import time
 
 import torch
 
 RESNET18_CIFAR_NUMEL = 11_173_962
+
+
+def parse_method(text: str) -> tuple[str, dict]:
+    """``name[:key=value,...]`` -> (name, keyword arguments; values as Python literals):
+    ``powersgd:rank=2``, ``micro:judge='magnitude'``."""
+    name, _, rest = text.partition(":")
+    kwargs = {}
+    for item in filter(None, rest.split(",")):
+        key, _, value = item.partition("=")
+        kwargs[key] = ast.literal_eval(value)
+    return name, kwargs
+
+
+def takes_density(factory) -> bool:
+    """Whether a ``hvm.Compression`` factory takes a density (PowerSGD takes a rank)."""
+    import inspect
+
+    return "density" in inspect.signature(factory).parameters
 
 
 def resnet18(num_classes: int = 10) -> tuple[torch.nn.Module, str]:

@@ -40,7 +40,6 @@ Writes ``--json`` (every run, with its curve) and, with ``--figures DIR``,
 from __future__ import annotations
 
 import argparse
-import ast
 import json
 import time
 from collections.abc import Sequence
@@ -60,20 +59,11 @@ from horovod_micro.stats import ring_allreduce_bytes
 from train.models import build_model
 from train.schedule import lr_at, peak_lr
 
+from .common import parse_method, takes_density
 from .iterations_ablation import evaluate, load
 
 MOMENTUM, WEIGHT_DECAY = 0.9, 1e-4
 DIAGNOSE_EVERY = 5
-
-
-def parse_method(text: str) -> tuple[str, dict]:
-    """``name[:key=value,...]`` -> (name, keyword arguments; values as Python literals)."""
-    name, _, rest = text.partition(":")
-    kwargs = {}
-    for item in filter(None, rest.split(",")):
-        key, _, value = item.partition("=")
-        kwargs[key] = ast.literal_eval(value)
-    return name, kwargs
 
 
 class Gradients:
@@ -145,8 +135,9 @@ def train(method: str, *, n: int, density: float, epochs: float, seed: int = 1,
     order = torch.Generator().manual_seed(seed)
     name, kwargs = parse_method(method)
     sparse = name != "dense"
-    compressors = [getattr(hvm.Compression, name)(**{"density": density, **kwargs})
-                   for _ in range(n)] if sparse else []
+    if sparse and takes_density(getattr(hvm.Compression, name)):
+        kwargs = {"density": density, **kwargs}
+    compressors = [getattr(hvm.Compression, name)(**kwargs) for _ in range(n)] if sparse else []
     curve: list[tuple[int, float]] = []
     sent: list[int] = []
     cuts = [0]  # steps on which some rank's selection was cut to the capacity
@@ -181,9 +172,11 @@ def train(method: str, *, n: int, density: float, epochs: float, seed: int = 1,
 
         def rank_body(comm):
             rank = comm.rank
-            flat = torch.nn.Parameter(torch.zeros(layout.numel))
-            reducer = SparseReducer(FlatLayout([("flat", flat)]), compressors[rank], comm,
-                                    Reduction(hvd.Average))
+            # The model's own shapes (PowerSGD compresses each matrix), in its order: the
+            # flat vector is the layout's.
+            params = [torch.nn.Parameter(torch.zeros_like(p)) for p in layout.params]
+            reducer = SparseReducer(FlatLayout(list(zip(layout.names, params))),
+                                    compressors[rank], comm, Reduction(hvd.Average))
             reducers[rank] = reducer
             group.share(rank, None)  # every reducer exists before rank 0 reads them
             perm = None
@@ -199,8 +192,10 @@ def train(method: str, *, n: int, density: float, epochs: float, seed: int = 1,
                         residual_norm = float(summed.norm())
                         summed += grads.sum(0)
                 grads = group.share(rank, grads)[0]
-                flat.grad = grads[rank].clone()
+                for p, view in zip(params, layout.views(grads[rank])):
+                    p.grad = view.clone()
                 stats = reducer.reduce()
+                aggregate = reducer.output
                 sizes = group.share(rank, stats.bytes_sent)
                 if rank == 0:
                     sent.append(max(sizes))
@@ -209,8 +204,8 @@ def train(method: str, *, n: int, density: float, epochs: float, seed: int = 1,
                     cuts[0] += sum(stats.rank_counts) > stats.global_count
                     if reducer.applied is not None:
                         applied = reducer.applied
-                        diagnosis.record(it, summed, applied, flat.grad, residual_norm)
-                    apply(it, flat.grad.detach())
+                        diagnosis.record(it, summed, applied, aggregate, residual_norm)
+                    apply(it, aggregate)
                     if reducer.applied is not None and reducer.sparsifier.masks(n):
                         mask_momentum(optimizer, layout.params, layout.slices, applied)
                 group.share(rank, None)  # the weights are updated before the next step

@@ -5,6 +5,7 @@ experiment at small scale (communication-bound model, Fashion-MNIST, one rank pe
     python -m bench.time_to_accuracy --cells headline          # n=4 at 1 Gbit/s, every method
     python -m bench.time_to_accuracy --cells scaling slow      # n=2/8 and 100 Mbit/s, reduced
     python -m bench.time_to_accuracy --hosts 2 --methods none micro   # one cell of your own
+    python -m bench.time_to_accuracy --hosts 4 --methods micro powersgd:rank=2
     python -m bench.time_to_accuracy --report-only             # tables and figures again
 
 Each cell is H hosts of ``bench/cluster.py`` (network namespaces, one veth per host with a
@@ -45,6 +46,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.common import parse_method
 from bench.density_spread import quantile
 from train.records import EPOCHS_FILE, EVALS_FILE, ITERATIONS_FILE, TIME_FIELDS, read_jsonl
 
@@ -77,7 +79,24 @@ class Job:
     @property
     def name(self) -> str:
         d = "" if self.density is None else f"-d{self.density:g}"
-        return f"{self.method}{d}-s{self.seed}"
+        name, kwargs = parse_method(self.method)
+        options = "".join(f"-{k}{v}" for k, v in kwargs.items())
+        return f"{name}{options}{d}-s{self.seed}"
+
+
+#: Methods that take no density, with their options as ``train`` flags (``powersgd:rank=2``
+#: runs ``--compressor powersgd --powersgd-rank 2``).
+NO_DENSITY = ("powersgd",)
+FLAGS = {("powersgd", "rank"): "--powersgd-rank"}
+
+
+def method_argv(method: str) -> list[str]:
+    """``name[:key=value,...]`` as ``python -m train`` flags."""
+    name, kwargs = parse_method(method)
+    argv = ["--compressor", name]
+    for key, value in kwargs.items():
+        argv += [FLAGS.get((name, key), "--" + key.replace("_", "-")), str(value)]
+    return argv
 
 
 def jobs_for(cell: Cell, methods: list[str], densities: list[float], seeds: list[int]
@@ -86,9 +105,11 @@ def jobs_for(cell: Cell, methods: list[str], densities: list[float], seeds: list
     density's sparse methods in the order given."""
     out = []
     for seed in seeds:
-        out += [Job(cell, m, None, seed) for m in methods if m in DENSE]
+        out += [Job(cell, m, None, seed) for m in methods
+                if m in DENSE or parse_method(m)[0] in NO_DENSITY]
         for d in densities:
-            out += [Job(cell, m, d, seed) for m in methods if m not in DENSE]
+            out += [Job(cell, m, d, seed) for m in methods
+                    if m not in DENSE and parse_method(m)[0] not in NO_DENSITY]
     return out
 
 
@@ -104,14 +125,17 @@ def matrix(cells: list[str], args: argparse.Namespace) -> list[Job]:
             plan += jobs_for(headline, ["none", "micro", "topk"], [0.001], [1])
         elif name == "headline":
             plan += jobs_for(headline, args.methods or ["none", "micro", "topk", "randomk",
-                                                        "threshold", "cltk", "gtopk", "fp16"],
+                                                        "threshold", "cltk", "gtopk", "fp16",
+                                                        "powersgd:rank=1"],
                              args.densities or [0.001, 0.01], args.seeds or [1, 2])
         elif name == "scaling":
             for hosts in (2, 8):
-                plan += jobs_for(Cell(hosts, "1gbit"), args.methods or ["none", "micro", "topk"],
+                plan += jobs_for(Cell(hosts, "1gbit"),
+                                 args.methods or ["none", "micro", "topk", "powersgd:rank=1"],
                                  args.densities or [0.001], args.seeds or [1])
         elif name == "slow":
-            plan += jobs_for(Cell(4, "100mbit"), args.methods or ["none", "micro", "topk"],
+            plan += jobs_for(Cell(4, "100mbit"),
+                             args.methods or ["none", "micro", "topk", "powersgd:rank=1"],
                              args.densities or [0.001], args.seeds or [1])
         else:
             raise SystemExit(f"unknown cell {name!r} (quick, headline, scaling, slow)")
@@ -120,7 +144,7 @@ def matrix(cells: list[str], args: argparse.Namespace) -> list[Job]:
 
 def train_argv(job: Job, args: argparse.Namespace, out: Path) -> list[str]:
     argv = [sys.executable, "-m", "train", "--dataset", "fashion-mnist", "--model", args.model,
-            "--compressor", job.method, "--seed", str(job.seed), "--epochs", str(args.epochs),
+            *method_argv(job.method), "--seed", str(job.seed), "--epochs", str(args.epochs),
             "--batch-size", str(args.batch_size), "--eval-every", str(args.eval_every),
             "--out", str(out), "--no-plots", "--progress", "none"]
     if job.density is not None:
@@ -179,11 +203,14 @@ def analyse_run(path: Path, targets: list[float]) -> dict:
     its = read_jsonl(path / ITERATIONS_FILE)
     evals = read_jsonl(path / EVALS_FILE)
     epochs = read_jsonl(path / EPOCHS_FILE)
-    dense = config["compressor"] in DENSE
+    dense = config["compressor"] in DENSE or config["compressor"] in NO_DENSITY
     ratios = [] if dense else sorted(r["density"] / r["target_density"] for r in its)
     density = None if dense else config["density"]
+    label = _label(config["compressor"], density)
+    if config["compressor"] == "powersgd":
+        label = f"powersgd r={config.get('powersgd_rank') or 1}"
     return {
-        "dir": str(path), "label": _label(config["compressor"], density),
+        "dir": str(path), "label": label,
         "method": config["compressor"], "density": density,
         "seed": config["seed"], "world_size": config["world_size"],
         "iterations": len(its), "epochs": len(epochs),
@@ -313,7 +340,9 @@ def markdown(report: dict, targets: list[float]) -> str:
             acc_text = _fmt_spread(row["accuracy_at_equal_epochs"], 100, 2, "-")
             final_text = ", ".join(f"{100 * acc:.2f} (seed {seed}, {epochs} ep)"
                                    for seed, epochs, acc in row["finals"])
-            if row["density"] is None:
+            if row["method"] in NO_DENSITY:
+                dens, spread = "1 (low rank)", "-"
+            elif row["density"] is None:
                 dens, spread = "1 (dense)", "-"
             else:
                 dens = f"{row['mean_density']:.3g} ({row['mean_density_ratio']:.3f}x)"

@@ -32,10 +32,11 @@ def _feed(opt, params, step):
     opt.synchronize()
 
 
-def traces(rank_r: int, steps: int, op: str = "average") -> dict:
+def traces(rank_r: int, steps: int, op: str = "average", start_iteration: int = 0) -> dict:
     """Per step: the aggregate (.grad), this rank's residual and statistics; the final
     weights; and a restart from a checkpoint taken halfway, which must continue alike."""
-    opt, params = _optimizer(rank_r, hvd.Average if op == "average" else hvd.Sum)
+    options = {"start_iteration": start_iteration}
+    opt, params = _optimizer(rank_r, hvd.Average if op == "average" else hvd.Sum, **options)
     out = []
     for step in range(steps):
         if step == steps // 2:
@@ -51,7 +52,8 @@ def traces(rank_r: int, steps: int, op: str = "average") -> dict:
             opt.step()
     # A second optimizer loads the halfway checkpoint and replays the second half: its
     # aggregates must be the first one's (the warm-start Q travels in the state).
-    other, other_params = _optimizer(rank_r, hvd.Average if op == "average" else hvd.Sum)
+    other, other_params = _optimizer(rank_r, hvd.Average if op == "average" else hvd.Sum,
+                                     **options)
     other.load_state_dict(saved)
     resumed = []
     for step in range(steps // 2, steps):

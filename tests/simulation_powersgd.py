@@ -38,20 +38,22 @@ def _orthonormal(p: torch.Tensor) -> torch.Tensor:
     return q * torch.sign(torch.diagonal(r)).where(torch.diagonal(r) != 0, 1.0)
 
 
-def simulate_powersgd(grads, shapes, rank: int, seed: int = 0, average: bool = True):
+def simulate_powersgd(grads, shapes, rank: int, seed: int = 0, average: bool = True,
+                      start_iteration: int = 0):
     """``grads[t][w]``: worker w's list of parameter gradients at step t. Per step: the
     aggregate (list per parameter, identical on every worker) and each worker's residual
-    (list per parameter), in float64."""
+    (list per parameter), in float64. Before ``start_iteration`` the step is the plain
+    average (the residual is sent whole) and Q waits."""
     n = len(grads[0])
     qs = initial_qs(shapes, rank, seed)
     residuals = [[torch.zeros(s, dtype=torch.float64) for s in shapes] for _ in range(n)]
     out = []
-    for step in grads:
+    for t, step in enumerate(grads):
         accs = [[e + g.double() for e, g in zip(residuals[w], step[w])] for w in range(n)]
         aggregate = []
         for i, shape in enumerate(shapes):
             ms = [accs[w][i] for w in range(n)]
-            if qs[i] is None:
+            if qs[i] is None or t < start_iteration:
                 aggregate.append(sum(ms) / (n if average else 1))
                 for w in range(n):
                     residuals[w][i] = torch.zeros(shape, dtype=torch.float64)

@@ -35,15 +35,19 @@ def model_numbers(rank: int) -> tuple[int, int]:
     return first, second
 
 
-@pytest.mark.parametrize("backend,n,rank,op", [("gloo", 2, 1, "average"),
-                                               ("gloo", 3, 2, "sum"),
-                                               ("mpi", 2, 4, "average")])
-def test_powersgd_on_real_ranks_equals_the_simulation(backend, n, rank, op):
+@pytest.mark.parametrize("backend,n,rank,op,start", [("gloo", 2, 1, "average", 0),
+                                                     ("gloo", 3, 2, "sum", 0),
+                                                     ("mpi", 2, 4, "average", 0),
+                                                     ("gloo", 2, 2, "average", 2)])
+def test_powersgd_on_real_ranks_equals_the_simulation(backend, n, rank, op, start):
     results = run_ranks("ranks_powersgd:traces", np=n, backend=backend,
-                        kwargs={"rank_r": rank, "steps": STEPS, "op": op})
+                        kwargs={"rank_r": rank, "steps": STEPS, "op": op,
+                                "start_iteration": start})
     grads = [[rank_grads(w, t) for w in range(n)] for t in range(STEPS)]
-    want = simulate_powersgd(grads, SHAPES, rank, average=op == "average")
+    want = simulate_powersgd(grads, SHAPES, rank, average=op == "average",
+                             start_iteration=start)
     first, second = model_numbers(rank)
+    dense = sum(math.prod(s) for s in SHAPES)
     assert sum(compressed(s, rank) for s in SHAPES) >= 2  # the test compresses something
     for r in results:
         v = r.value
@@ -61,7 +65,8 @@ def test_powersgd_on_real_ranks_equals_the_simulation(backend, n, rank, op):
             # Bytes: the status header's allgather (3 int32 per rank) and two ring
             # allreduces of float32 factors, nothing else.
             header = ring_allgather_bytes([12] * n, r.rank)
-            moved = [ring_allreduce_bytes(4 * size, n) for size in (first, second)]
+            sizes = (dense, 0) if t < start else (first, second)  # warm-up: plain average
+            moved = [ring_allreduce_bytes(4 * size, n) for size in sizes]
             assert got["bytes_sent"] == header[0] + moved[0][0] + moved[1][0], context
             assert got["bytes_received"] == header[1] + moved[0][1] + moved[1][1], context
             assert got["method"] == "powersgd" and not got["nonfinite"]
@@ -104,7 +109,8 @@ def test_a_bad_rank_on_one_rank_raises_on_every_rank():
 @pytest.mark.parametrize("kwargs,message", [({"rank": 0}, "rank must be"),
                                             ({"rank": 1.5}, "rank must be"),
                                             ({"min_compression": 0.5}, "min_compression"),
-                                            ({"seed": -1}, "seed must be")])
+                                            ({"seed": -1}, "seed must be"),
+                                            ({"start_iteration": -2}, "start_iteration")])
 def test_bad_arguments_outside_a_job(kwargs, message):
     with pytest.raises(ValueError, match=message):
         hvm.Compression.powersgd(**kwargs)

@@ -37,8 +37,11 @@ header.
 
 Tuning: ``rank`` is the one knob that matters. Rank 1 sends least and, with error
 feedback, already trains most models; rank 2 or 4 approximate the gradient better per
-step at 2x or 4x the (small) traffic. ``warm_start=False`` draws a new ``Q`` every step
-(worse approximations, as the paper shows; for comparison only).
+step at 2x or 4x the (small) traffic; a model whose gradient matrices have a high rank
+(a first layer over many inputs) needs the higher ranks, and large learning rates need them
+more (BENCHMARKS.md has the figures). ``start_iteration=K`` exchanges the plain average for
+the first K steps, as PyTorch's hook does by default; ``warm_start=False`` draws a new ``Q``
+every step (worse approximations, as the paper shows; for comparison only).
 """
 
 from __future__ import annotations
@@ -91,6 +94,8 @@ class PowerSGDCompressor(Sparsifier):
         min_compression: compress a matrix only if its entries exceed this many times the
             ``r (m + c)`` numbers its factors hold (smaller ones go uncompressed).
         warm_start: start each step's power iteration from the previous step's ``Q``.
+        start_iteration: exchange the plain average (one dense allreduce) before this
+            iteration, then the low-rank factors.
         seed: seed of the first ``Q`` (equal on every rank, which the optimizer checks).
         error_feedback, fp16_values: see :class:`~horovod_micro.sparsifiers.base.Sparsifier`
             (with ``fp16_values`` the factors travel as float16).
@@ -104,12 +109,13 @@ class PowerSGDCompressor(Sparsifier):
     name = "powersgd"
 
     def __init__(self, rank: int = 1, *, min_compression: float = 2.0,
-                 warm_start: bool = True, seed: int = 0, error_feedback: bool = True,
-                 fp16_values: bool = False):
+                 warm_start: bool = True, start_iteration: int = 0, seed: int = 0,
+                 error_feedback: bool = True, fp16_values: bool = False):
         super().__init__(1.0, error_feedback=error_feedback, fp16_values=fp16_values)
         self.rank = rank
         self.min_compression = min_compression
         self.warm_start = warm_start
+        self.start_iteration = start_iteration
         self.seed = seed
         self.shapes: list[tuple[int, ...]] = []
         self.matrices: list[_Matrix] = []
@@ -123,7 +129,8 @@ class PowerSGDCompressor(Sparsifier):
     def config(self) -> dict:
         config = {k: v for k, v in super().config().items() if k != "density"}
         return {**config, "rank": self.rank, "min_compression": self.min_compression,
-                "warm_start": self.warm_start, "seed": self.seed}
+                "warm_start": self.warm_start, "start_iteration": self.start_iteration,
+                "seed": self.seed}
 
     def config_error(self) -> str | None:
         r, c, s = self.rank, self.min_compression, self.seed
@@ -134,6 +141,9 @@ class PowerSGDCompressor(Sparsifier):
             return f"powersgd: min_compression must be a number >= 1, got {c!r}"
         if isinstance(s, bool) or not isinstance(s, int) or s < 0:
             return f"powersgd: seed must be a non-negative integer, got {s!r}"
+        st = self.start_iteration
+        if isinstance(st, bool) or not isinstance(st, int) or st < 0:
+            return f"powersgd: start_iteration must be a non-negative integer, got {st!r}"
         if not isinstance(self.warm_start, bool):
             return f"powersgd: warm_start must be True or False, got {self.warm_start!r}"
         return None
@@ -199,6 +209,11 @@ class PowerSGDCompressor(Sparsifier):
         if gathered.nonfinite():  # every rank knows from the header: nothing travels
             empty = acc[:0]
             return Reduced(self._all[:0], empty, self._all[:0], counts)
+        if iteration < self.start_iteration:  # dense warm-up: one allreduce of everything
+            values = allreduce_values(self.comm, self.wire(acc).clone(), traffic, hvd.Sum,
+                                      1.0, 1.0, role="powersgd-dense").to(acc.dtype)
+            return Reduced(self._all, reduction.finish_sum(values, n), self._all, counts,
+                           kept=self.wire_error(acc))
         if self.q is None or not self.warm_start:
             q = self._initial_q(iteration, acc)
         else:
