@@ -6,7 +6,7 @@ HOROVODRUN := $(VENV)/bin/horovodrun
 NP ?= 2
 OUT ?= runs/default
 
-.PHONY: setup run test gpu-test lint bench-select image image-test image-gpu-check
+.PHONY: setup run test docs gpu-test lint bench-select image image-test image-gpu-check
 
 setup:
 	@bash tools/setup.sh
@@ -18,6 +18,12 @@ run: setup
 test: setup
 	$(PY) -m pytest -q
 
+# The documentation (docs/: Markdown pages and the API from docstrings), warnings as errors.
+# Sphinx and myst-parser come with the test extra; the docs extra installs them if missing.
+docs: setup
+	@$(PY) -c 'import sphinx, myst_parser' 2>/dev/null || $(PY) -m pip install -q -e '.[docs]'
+	$(PY) -m sphinx -W --keep-going -b html docs docs/_build/html
+
 # The CUDA path on a GPU machine (gpu_tests/; not in CI, which has no GPU). Horovod must
 # have NCCL: `HOROVOD_GPU_OPERATIONS=NCCL HVM_NCCL=pip make gpu-test` builds it so. A GPU
 # machine without network: tools/gpu-machine.sh.
@@ -27,7 +33,7 @@ gpu-test: setup
 lint: setup
 	$(VENV)/bin/ruff check horovod_micro train tests bench gpu_tests
 
-# The CPU container image (docker/README.md): docker build when a Docker engine answers,
+# The CPU container image (docs/docker.md): docker build when a Docker engine answers,
 # else buildah with a local Debian base; image-test rebuilds (cached layers) and runs
 # --check-build and 2-rank MiCRO training on Gloo and MPI inside it.
 image:
@@ -36,7 +42,7 @@ image:
 image-test: image
 	@bash docker/test-image.sh
 
-# The GPU variant, compile only (docker/README.md): builds localhost/horovod-micro:gpu, and
+# The GPU variant, compile only (docs/docker.md): builds localhost/horovod-micro:gpu, and
 # the build fails unless --check-build lists NCCL. Not in CI: about 30 min here.
 image-gpu-check:
 	@HVM_VARIANT=gpu HVM_IMAGE=$${HVM_GPU_IMAGE:-localhost/horovod-micro:gpu} \

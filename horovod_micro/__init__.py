@@ -1,5 +1,7 @@
 """horovod-micro: MiCRO gradient sparsification as a drop-in Horovod DistributedOptimizer.
 
+Example::
+
     import horovod.torch as hvd
     import horovod_micro as hvm
 

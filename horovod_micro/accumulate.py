@@ -4,8 +4,8 @@ with the step's norm).
 The reducer needs both: ``a_t`` to select from, and its squared norm for the NaN/Inf check
 and the RMS scale of the density controllers. Two torch calls read N twice; the native
 kernel ``_native/accumulate.c`` squares each entry while it is in a register, so the
-norm costs no pass of its own (the second read was 3-4 ms a step at 12.7M float32 on one
-core here: BENCHMARKS.md, section 8). It serves contiguous float32 CPU tensors, unless
+norm costs no pass of its own (a second read of N saved every step). It serves contiguous
+float32 CPU tensors, unless
 ``HOROVOD_MICRO_SELECT=torch`` forces the device-generic path; elsewhere (a GPU, float64)
 :func:`add_and_square` says so and the reducer takes torch's two passes.
 """

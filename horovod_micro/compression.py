@@ -9,8 +9,9 @@ and, through the optimizer, the error-feedback residual)::
 
 The baselines for side-by-side comparison share MiCRO's optimizer, exchange machinery
 (status header, collective error reporting) and per-iteration statistics: ``topk``,
-``cltk``, ``threshold``, ``randomk``, ``gtopk``. Every sparse factory takes the keyword
-arguments ``error_feedback`` (default on) and ``fp16_values`` (default off).
+``cltk``, ``threshold``, ``randomk``, ``gtopk``, and the low-rank ``powersgd``. Every
+sparse factory takes the keyword arguments ``error_feedback`` (default on) and
+``fp16_values`` (default off).
 
 Argument errors: outside a multi-rank Horovod job a factory raises at once. Under
 ``horovodrun`` the error is kept and raised by ``DistributedOptimizer`` on *every* rank
@@ -78,9 +79,21 @@ class Compression(metaclass=_Registered):
 
     ``Compression.none``/``fp16`` are Horovod's own; every sparse method registered in
     :mod:`horovod_micro.sparsifiers.registry` is ``Compression.<name>(...)``, taking its
-    class's arguments: ``micro(density, initial_threshold=None)``, ``topk(density)``,
-    ``cltk(density)``, ``threshold(value=None, density=None)``, ``randomk(density,
-    seed=0)``, ``gtopk(density)``, each also with ``error_feedback`` and ``fp16_values``.
+    class's arguments: ``micro(density, controller="bounded", judge=None,
+    momentum_masking=None, capacity=None)``, ``topk(density)``, ``cltk(density)``,
+    ``threshold(value=None, density=None)``, ``randomk(density, seed=0)``,
+    ``gtopk(density)``, ``powersgd(rank=1)``, each also with ``error_feedback`` and
+    ``fp16_values``. Each call returns a new compressor: use one per optimizer.
+
+    Example::
+
+        micro = hvm.Compression.micro(density=0.001)        # MiCRO, the defaults
+        published = hvm.Compression.micro(density=0.001, judge="magnitude",
+                                          momentum_masking=False, controller="paper")
+        low_rank = hvm.Compression.powersgd(rank=2)
+        dense = hvm.Compression.none                        # Horovod's allreduce
+        opt = hvm.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                       compression=micro)
     """
 
     none = NoneCompressor

@@ -19,8 +19,8 @@ its own path (Horovod's dense optimizer does not catch them either):
 Not detectable this way: a rank calling ``step()`` more often than the others. Its extra
 exchange simply pairs with the others' next one (same names, same iteration count), and
 only its last exchange finds no partner; that wait is bounded by
-``HOROVOD_MICRO_EXCHANGE_TIMEOUT_SECONDS`` (:mod:`horovod_micro.exchange`; README,
-"Bad inputs").
+``HOROVOD_MICRO_EXCHANGE_TIMEOUT_SECONDS`` (:mod:`horovod_micro.deadline`; the
+documentation's "Failure modes" page).
 """
 
 from __future__ import annotations

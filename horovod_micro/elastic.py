@@ -8,7 +8,8 @@ Importing ``horovod_micro`` puts :class:`SparseOptimizerHandler` first in that r
 every optimizer :func:`~horovod_micro.DistributedOptimizer` builds (they are instances of
 classes made at run time, so they are registered with the :class:`ElasticOptimizer` ABC).
 
-What the handler does at each point of Horovod's elastic loop (README, "Elastic training"):
+What the handler does at each point of Horovod's elastic loop (the documentation's usage
+page, "Elastic training"):
 
 * ``commit()`` -> :meth:`~SparseOptimizerHandler.save`: a copy of the wrapped optimizer's
   state, this rank's residual, the iteration and the controller (host memory, no collective).

@@ -284,7 +284,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                         raise CollectiveInputError(f"{error} (this rank: {change})") from None
                     raise
             elif change:  # dense: Horovod's collectives carry no status; every rank that
-                # changed its optimizer raises here (README, "Bad inputs")
+                # changed its optimizer raises here (docs/failure-modes.md)
                 raise ValueError(f"horovod_micro.DistributedOptimizer: {change}")
             elif self._included and (self.process_set.size() > 1 or self._hooks):
                 self._synchronize_dense()
@@ -384,8 +384,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         re-partitions the flat gradient for the new ``n`` (ownership follows, since rank
         ``r`` owns part ``(t + r) mod n``), maps the controller's per-part state onto the
         new parts, and then adopts the iteration and the sparsifier's state of the set's
-        first rank, so every rank holds the same. Residuals are left as they are: see
-        the README, "Elastic training".
+        first rank, so every rank holds the same. Residuals are left as they are (the
+        documentation's usage page, "Elastic training").
         """
         if not self._included:
             return
@@ -558,8 +558,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         the iteration and the sparsifier's state (e.g. MiCRO's threshold controller).
 
         The residual belongs to this rank: the state records the rank and the set size,
-        and :meth:`load_state_dict` refuses another rank's (see the README,
-        "Checkpoints").
+        and :meth:`load_state_dict` refuses another rank's (the documentation's usage
+        page, "Checkpoints and resuming").
         """
         state = super(self.__class__, self).state_dict()
         if self._reducer is not None:
@@ -731,11 +731,10 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name)
         zero_copy: sparse compressors only. ``zero_grad()`` makes each ``.grad`` a view of
             the error-feedback residual ``e_t``, so backward adds ``g_t`` into it in place
             and the reducer needs no pass to build ``a_t = e_t + g_t`` (backward's
-            AccumulateGrad does that add instead: BENCHMARKS.md section 8 measures equal
-            iteration times; what is saved is one N-sized gradient tensor per step and its
-            free). Between backward and
-            ``synchronize()``, ``.grad`` then shows ``a_t``, not ``g_t``; after
-            ``synchronize()`` it is the aggregate, as always. Anything that writes into
+            AccumulateGrad does that add instead, so iterations take about as long; what
+            is saved is one N-sized gradient tensor per step and its free). Between
+            backward and ``synchronize()``, ``.grad`` then shows ``a_t``, not ``g_t``;
+            after ``synchronize()`` it is the aggregate, as always. Anything that writes into
             ``.grad`` in place before ``synchronize()`` (``scaler.unscale_``, gradient
             clipping) is detected through the tensors' version counter: a warning, and
             separate gradient buffers from then on. ``backward(create_graph=True)`` needs
@@ -754,6 +753,28 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name)
     * Sparse exchanges have a deadline (:mod:`horovod_micro.deadline`), refuse weights
       that differ across ranks at the first exchange (``_check_same_parameters``), and
       skip a second ``synchronize()`` whose aggregate is still in ``.grad``.
+
+    Example::
+
+        import horovod.torch as hvd
+        import horovod_micro as hvm
+
+        hvd.init()
+        model = Net()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1 * hvd.size(), momentum=0.9)
+        opt = hvm.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                       compression=hvm.Compression.micro(density=0.01))
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        hvd.broadcast_optimizer_state(opt, root_rank=0)
+        for data, target in loader:
+            opt.zero_grad()
+            loss_fn(model(data), target).backward()
+            opt.step()                    # the sparse exchange, then SGD's step
+            print(opt.last_stats.density, opt.last_stats.bytes_sent)
+
+    With a ``torch.amp.GradScaler`` on several ranks, pass ``grad_scaler=scaler`` and
+    step as ``opt.synchronize(); scaler.unscale_(opt)``, then
+    ``with opt.skip_synchronize(): scaler.step(opt)``.
     """
     if num_groups and groups is None:
         groups = num_groups

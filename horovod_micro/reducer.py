@@ -289,9 +289,8 @@ class SparseReducer:
         ``.grad`` views of it: the optimizer, a clip or an ``unscale_`` after
         ``synchronize()``), zeroing that support (O(k)) restores all zeros. Otherwise (the
         buffers traded roles on an out-of-place step, a NaN fill, a write into ``.grad``)
-        the whole buffer is zeroed, as before: 5.5-6 ms at 12.7M float32 on one core here
-        (BENCHMARKS.md, section 8). One blind spot, shared with the residual views: a write
-        through ``.grad.data`` does not move the version counter."""
+        the whole buffer is zeroed, a pass over N. One blind spot, shared with the residual
+        views: a write through ``.grad.data`` does not move the version counter."""
         written, self._written = self._written, None
         if written is not None and written[0] is self.output \
                 and self.output._version == written[2]:
@@ -333,9 +332,8 @@ class SparseReducer:
         step, ``.grad`` set to None or assigned), ``a_t`` is
         written out of place into the output buffer, which the optimizer no longer needs,
         so a collective error leaves the residual untouched; a gradient that already is a
-        residual view contributes its slice as it stands. The out-of-place pass costs
-        7-10 ms at 12.7M float32 on one core here (BENCHMARKS.md, section 8); on contiguous
-        float32 CPU tensors it also squares ``a_t`` on the way
+        residual view contributes its slice as it stands. The out-of-place pass reads and
+        writes N; on contiguous float32 CPU tensors it also squares ``a_t`` on the way
         (:mod:`horovod_micro.accumulate`), so the norm needs no pass of its own."""
         status = OK
         grads = []

@@ -104,7 +104,15 @@ class StatsLog:
     """Writes :class:`StepStats` as JSON Lines; usable as ``stats_callback``.
 
     Each record is flushed as it is written, so a run that crashes or is killed leaves
-    every completed step on disk (and ``tail -f`` follows a live run)."""
+    every completed step on disk (and ``tail -f`` follows a live run).
+
+    Example::
+
+        log = hvm.StatsLog(open(f"stats-rank{hvd.rank()}.jsonl", "w"))
+        opt = hvm.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                       compression=hvm.Compression.micro(density=0.01),
+                                       stats_callback=log)
+    """
 
     def __init__(self, stream: IO[str]):
         self.stream = stream

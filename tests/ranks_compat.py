@@ -155,7 +155,7 @@ def broadcast_state(mode, density):
         tag = f"bs.{name}.{index}"
         model = mlp(seed=rank)
         # Unlike Horovod's test, the first model is broadcast: a sparse optimizer refuses
-        # weights that differ across ranks at its first exchange (README, "Bad inputs").
+        # weights that differ across ranks at its first exchange (docs/failure-modes.md).
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         opt = _wrap(make_optimizer(cls, options, model.parameters()), model, mode, density)
         opt.zero_grad()

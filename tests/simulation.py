@@ -77,7 +77,8 @@ def exchange_outcome(acc: list[torch.Tensor], union: torch.Tensor, aggregate: to
                      sent: list[torch.Tensor], wire=identity, error_feedback: bool = True):
     """The applied gradient and every rank's next residual, once a method has decided the
     coordinates ``union`` (int64) and their ``aggregate``; ``sent[r]``: the coordinates
-    whose value rank r put into the aggregate. The rules (README, "NaN/Inf:"):
+    whose value rank r put into the aggregate. The rules (docs/failure-modes.md,
+    "Non-finite gradients"):
 
     * a finite step: the aggregate at ``union``, 0 elsewhere; rank r's residual is its
       ``a_t`` except at ``sent[r]``, where it keeps what the wire lost, ``a - wire(a)``
@@ -204,7 +205,7 @@ def per_rank_thresholds(traces: list[list[dict]], key: str = "threshold") -> lis
 
 class BoundedRule:
     """The default controller (``controller="bounded"``) stated from its definition
-    (README, "The density controller"), in plain Python: each part p has a multiplier
+    (docs/design.md, "The density controllers"), in plain Python: each part p has a multiplier
     ``m_p`` (start: the Gaussian ``Phi^-1(1 - d/2)``); the owner's base threshold is
     ``m_p * rms(a_t)``; on the ladder ``base * 2**(j/64)`` it takes the step whose count
     in its part is closest to the part's target ``max(k* |p| / N, 1)`` (log ratio, ties toward

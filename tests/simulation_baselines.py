@@ -10,7 +10,7 @@ horovod_micro code.
 "selections": [per-rank selected coordinates], ...}``. ``wire`` rounds values as they are
 sent (identity, or a float16 round trip for ``fp16_values``). Every method ends its step
 with :func:`simulation.exchange_outcome`: where a rank's value went into the aggregate its
-residual keeps only what the wire lost; non-finite steps follow the README's rule.
+residual keeps only what the wire lost; non-finite steps follow the rule of docs/failure-modes.md.
 """
 
 from __future__ import annotations

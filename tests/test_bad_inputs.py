@@ -1,5 +1,5 @@
 """Bad inputs after wrapping (issue 12, item 6), on 2 real Gloo ranks: what every rank
-sees. README.md, "Bad inputs", tabulates these with the earlier tests' cases.
+sees. docs/failure-modes.md, "Bad inputs", tabulates these with the earlier tests' cases.
 
 * parameters added to or removed from the wrapped optimizer, or unfrozen after being
   frozen at wrapping time: every rank raises (sparse: ``CollectiveInputError`` through the
@@ -55,7 +55,7 @@ def test_bad_inputs_after_wrapping():
             seen = [r.value[key] for r in results]
             # Toggled on every rank: identical ranks, and the weight trains again once
             # unfrozen. Toggled on one rank of a dense exchange: nothing notices, and the
-            # ranks part (recorded here so that the README's table stays true).
+            # ranks part (recorded here so that the table of docs/failure-modes.md stays true).
             assert all(v["same_on_all_ranks"] == (case != "frozen") for v in seen), (key, seen)
             if case == "frozen_unfrozen":
                 assert all(v["watched_moved"] for v in seen), (key, seen)

@@ -1,7 +1,7 @@
 """Review findings on the sparse step (issue 15), each on real ranks against the
 independent simulations of tests/simulation.py and tests/simulation_baselines.py:
 
-1. float64 models keep float64 (the dtype rule of the README);
+1. float64 models keep float64 (the dtype rule of docs/design.md);
 2. float16 values on the wire: overflow is a non-finite step on every rank, and the
    rounding error stays in the residual;
 3. a non-finite step keeps every finite residual entry;

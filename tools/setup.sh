@@ -8,7 +8,7 @@
 #   3. torch and torchvision (pinned below; pip takes them from this machine's disk).
 #   4. Horovod 0.28.1 built from its PyPI sdist with PyTorch, Gloo and MPI. The
 #      build needs two things Horovod itself does not provide (see
-#      tools/cmake/cxx20-toolchain.cmake and the README's troubleshooting):
+#      tools/cmake/cxx20-toolchain.cmake and docs/install.md, troubleshooting):
 #      C++20 for torch 2.14's headers, and CUDA_HOME pointing at the toolkit
 #      because the torch wheel is a CUDA build. The wheel is cached outside the
 #      repository, keyed by Horovod, torch and Python versions, so the 8-minute
@@ -189,7 +189,8 @@ stale=0
 for source in "$REPO/setup.cfg" "$REPO/setup.py" "$REPO"/horovod_micro/_native/*.c; do
     [ "$source" -nt "$VENV/.hvm-installed" ] && stale=1
 done
-if ! "$PY" -c 'import horovod_micro, pytest, hypothesis, sklearn, mpi4py, tensorboard' 2>/dev/null \
+if ! "$PY" -c 'import horovod_micro, pytest, hypothesis, sklearn, mpi4py, tensorboard, sphinx, myst_parser' \
+        2>/dev/null \
         || [ "$stale" = 1 ]; then
     log "installing horovod_micro (editable) with its test extra"
     "${PIP[@]}" -e "$REPO[test]"

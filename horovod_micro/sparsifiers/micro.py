@@ -75,7 +75,7 @@ class MicroCompressor(Sparsifier):
         initial_threshold: starting threshold of the shared-threshold controllers
             (``"newton"``, ``"paper"``; default ``1 / (2 sqrt(k))``).
         controller: the density controller, one of :data:`CONTROLLERS` (see the module
-            docstring; README, "The density controller").
+            docstring; the documentation's design page, "The density controllers").
         judge: what the owner of a part ranks its coordinates by. ``"drift"`` (default
             with the per-part controllers): ``|a_i| * sqrt(wait / age_i)``, the
             accumulation against how long it has been accumulating
