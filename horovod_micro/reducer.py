@@ -125,6 +125,15 @@ class FlatLayout:
             bad |= values.abs() > limits[owner]
         return bad
 
+    def any_unrepresentable(self, indices: torch.Tensor, values: torch.Tensor) -> bool:
+        """Whether any of ``values`` is :meth:`unrepresentable`. Without narrower
+        parameters, a finite sum proves every value finite (one fast reduction: the
+        element-wise check costs several times more over a whole model's aggregate); only
+        a non-finite sum, which finite values can also give, is checked value by value."""
+        if self._narrow is None and bool(torch.isfinite(values.sum())):
+            return False
+        return bool(self.unrepresentable(indices, values).any())
+
     def signature(self) -> list[tuple[str, tuple[int, ...], str]]:
         """Names, shapes and dtypes; must be identical on every rank."""
         return [(n, tuple(p.shape), str(p.dtype)) for n, p in zip(self.names, self.params)]
@@ -213,8 +222,7 @@ class SparseReducer:
         # identically, so it is judged the same everywhere without another message.
         # So does an aggregate beyond a float16 parameter's range.
         nonfinite = (reduced.gathered.nonfinite()
-                     or bool(self.layout.unrepresentable(reduced.indices,
-                                                         reduced.values).any()))
+                     or self.layout.any_unrepresentable(reduced.indices, reduced.values))
         if nonfinite:
             residual_norm = self._skip(reduced)
         else:
@@ -257,6 +265,8 @@ class SparseReducer:
         into it, the residual keeps only what the wire lost (0 in full precision, the
         float16 rounding error with ``fp16_values``). Returns the residual's norm."""
         acc = self.residual
+        if reduced.kept is not None and reduced.kept.numel() == acc.numel():
+            return self._apply_everywhere(reduced)
         # index_select/index_copy_/index_fill_: 3-10x cheaper than advanced indexing at
         # ~1e5 coordinates (bench/pipeline.py).
         applied = reduced.indices.long()
@@ -279,6 +289,19 @@ class SparseReducer:
         if not rest >= 1e-6 * sq_norm:
             return _norm(acc)
         return math.sqrt(rest)
+
+    def _apply_everywhere(self, reduced: Reduced) -> float:
+        """A finite step of a method whose aggregate covers every coordinate (PowerSGD):
+        two copies, no index pass and no clearing (the whole output is overwritten)."""
+        self.residual.copy_(reduced.kept)
+        self.output.copy_(reduced.values)
+        self._written = None
+        self.applied = reduced.indices
+        self.sparsifier.observe(reduced)
+        # In the buffer's dtype (several times faster than a float64 pass over N), unless
+        # that overflows.
+        norm = float(torch.linalg.vector_norm(self.residual))
+        return norm if math.isfinite(norm) else _norm(self.residual)
 
     def _clear_output(self) -> None:
         """Zero the output buffer before this step's aggregate goes in.

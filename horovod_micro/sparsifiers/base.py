@@ -103,6 +103,9 @@ class Reduced:
         kept: what this rank's residual keeps at ``contributed`` on a finite step (None:
             :meth:`Sparsifier.wire_error` of the values sent). A method whose share of the
             aggregate is not the value itself (PowerSGD's projection) says what it missed.
+            A ``kept`` as long as the flat buffer covers every coordinate in order (then
+            ``indices`` and ``contributed`` are ``arange(N)``, ``values`` the whole
+            aggregate): the reducer copies it and ``values`` whole, with no index pass.
     """
 
     indices: torch.Tensor

@@ -124,6 +124,7 @@ class PowerSGDCompressor(Sparsifier):
         self._uncompressed: torch.Tensor | None = None  # flat indices sent as they are
         self._all: torch.Tensor | None = None  # arange(N): the aggregate covers everything
         self._next_q: torch.Tensor | None = None  # this step's averaged Q, kept on success
+        self._out: tuple[torch.Tensor, torch.Tensor] | None = None  # see _buffers
 
     # ----- configuration -------------------------------------------------------------
     def config(self) -> dict:
@@ -236,21 +237,28 @@ class PowerSGDCompressor(Sparsifier):
         local_sent = self.wire(local_q)
         summed_q = allreduce_values(self.comm, local_sent.clone(), traffic, hvd.Sum, 1.0,
                                     1.0, role="powersgd-q").to(acc.dtype)
-        # The aggregate P (sum Q)^T and this rank's share P Q_w^T, matrix by matrix.
-        values = torch.empty_like(acc)
-        kept = torch.empty_like(acc)
+        # The aggregate P (sum Q)^T, and what this rank's share P Q_w^T leaves of M_w,
+        # matrix by matrix, into two buffers kept across steps (no fresh N-sized memory
+        # to fault in every step).
+        values, kept = self._buffers(acc)
         own_q = local_sent.to(acc.dtype)  # what of Q_w reached the sum
         for m in self.matrices:
             p = self._p_of(summed_p, m)
             torch.mm(p, self._q_of(summed_q, m).T, out=values[m.start:m.end].view(m.rows, m.cols))
-            share = kept[m.start:m.end].view(m.rows, m.cols)
-            torch.mm(p, self._q_of(own_q, m).T, out=share)
-            torch.sub(acc[m.start:m.end].view(m.rows, m.cols), share, out=share)
+            torch.addmm(acc[m.start:m.end].view(m.rows, m.cols), p, self._q_of(own_q, m).T,
+                        alpha=-1.0, out=kept[m.start:m.end].view(m.rows, m.cols))
         values.index_copy_(0, dense, summed_p[self.p_numel:])
         kept.index_copy_(0, dense, self.wire_error(acc.index_select(0, dense)))
         self._next_q = summed_q.div_(n)
         return Reduced(self._all, reduction.finish_sum(values, n), self._all, counts,
                        kept=kept)
+
+    def _buffers(self, acc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The aggregate's and the residual's N-sized buffers (2 N numbers of memory)."""
+        if self._out is None or self._out[0].dtype != acc.dtype \
+                or self._out[0].device != acc.device:
+            self._out = (torch.empty_like(acc), torch.empty_like(acc))
+        return self._out
 
     def observe(self, reduced: Reduced) -> None:
         """A finite step: its averaged ``Q`` is the next step's warm start."""
