@@ -41,7 +41,8 @@ def bench(tmp_path_factory):
     write_dataset(base / "data", train=TRAIN_SAMPLES, test=40)
     out = base / "out"
     cmd = [sys.executable, "-m", "bench.time_to_accuracy", "--cells", "headline",
-           "--methods", "none", "micro", "--densities", "0.01", "--seeds", "1",
+           "--methods", "none", "micro", "powersgd:rank=2", "--densities", "0.01",
+           "--seeds", "1",
            "--model", "fmnist_mlp", "--epochs", "2", "--batch-size", str(BATCH),
            "--eval-every", str(EVAL_EVERY), "--data-dir", str(base / "data"),
            "--targets", "0", "1.01", "--run-timeout", "300", "--out", str(out)]
@@ -78,11 +79,19 @@ def test_report_states_bytes_targets_and_figures(bench):
     out, output, _ = bench
     results = json.loads((out / "results.json").read_text())
     cell = results[f"n{HOSTS}-1gbit"]
-    assert set(cell) == {"none", "micro d=0.01"}
-    numel = sum(p.numel() for p in build_model("fmnist_mlp", 10).parameters())
+    assert set(cell) == {"none", "micro d=0.01", "powersgd r=2"}
+    model = build_model("fmnist_mlp", 10)
+    numel = sum(p.numel() for p in model.parameters())
     ring = 2 * (HOSTS - 1) / HOSTS * 4 * numel
     assert cell["none"]["bytes_sent"] == pytest.approx(ring, rel=1e-6)
     assert 0 < cell["micro d=0.01"]["bytes_sent"] < ring / 10
+    # PowerSGD at rank 2 (its flag reached the run): r (m + c) numbers per weight matrix,
+    # the biases whole, in two ring allreduces, plus the 12-byte status header per rank.
+    numbers = sum(2 * (p.shape[0] + p.shape[1]) if p.dim() == 2 else p.numel()
+                  for p in model.parameters())
+    header = 12 * (HOSTS - 1)
+    low_rank = 2 * (HOSTS - 1) / HOSTS * 4 * numbers + header
+    assert cell["powersgd r=2"]["bytes_sent"] == pytest.approx(low_rank, rel=1e-3)
     for row in cell.values():
         first = read(Path(row["dirs"][0]) / "evals.jsonl")[0]["train_time"]
         assert row["time_to"]["0"]["mean"] == pytest.approx(first)
