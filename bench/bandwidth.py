@@ -1,7 +1,7 @@
 """End-to-end iteration time on a rate-limited link: every method vs the compute-only bound.
 
-What is measured (issue 6; ``--model wide_mlp`` since issue 11): ResNet-18 for CIFAR
-(11,173,962 parameters; on this CPU the *compute-bound* regime) or ``train.models.wide_mlp``
+What is measured: ResNet-18 for CIFAR
+(11,173,962 parameters; on a CPU the *compute-bound* regime) or ``train.models.wide_mlp``
 (12,660,234 parameters at about 60 ms of compute: the *communication-bound* regime a GPU
 cluster is in), synthetic data,
 batch 32 per rank, SGD (Nesterov 0.9, weight decay 1e-4), 2 ranks over Gloo in a network
@@ -27,7 +27,8 @@ threshold starts from a calibrated lambda (the k-th largest |g| of a first gradi
 MiCRO's default controller needs no calibration (it corrects within the step). The actual
 density is reported.
 
-Results, and the machine they were measured on: BENCHMARKS.md, section 3.
+Results, and the machine they were measured on: BENCHMARKS.md, "Iteration time on
+rate-limited links".
 
     .venv/bin/python -m bench.bandwidth [--quick] [--rates 100mbit 1gbit none]   (as root)
 """
@@ -244,11 +245,11 @@ def main() -> None:
     ap.add_argument("--densities", nargs="+", type=float, default=[0.01, 0.001])
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--model", choices=("resnet18", "wide_mlp"), default="resnet18",
-                    help="resnet18: the compute-bound regime on this CPU; wide_mlp "
+                    help="resnet18: the compute-bound regime on a CPU; wide_mlp "
                     "(12.7M parameters, ~60 ms of compute): the communication-bound one")
     ap.add_argument("--fused-sgd", action="store_true",
                     help="torch's fused SGD kernel (fused=True) for every method, compute-only "
-                    "included: the same update in one pass (wide_mlp's step 52 -> 8 ms here)")
+                    "included: the same update in one pass")
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--sparse-warmup", type=int, default=5,
                     help="untimed iterations of sparse methods (threshold settling)")

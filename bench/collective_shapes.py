@@ -3,7 +3,7 @@
 Why: MiCRO's per-rank selected count changes every step. Horovod's response cache (and
 NCCL's allgather) prefer tensors whose shapes stay the same from step to step, so one
 alternative design pads the indices to a fixed capacity and allreduces a fixed-size value
-vector. This measures what each design costs on this machine's collectives.
+vector. This measures what each design costs on the machine's collectives.
 
 Per step, exactly MiCRO's exchange pattern (2 ranks by default):
 
@@ -17,7 +17,9 @@ cache entries), after a tiny untimed allreduce that lines the ranks up. Reported
 and mean latency of the gather+allreduce pair on rank 0, and bytes per rank (ring model of
 ``horovod_micro.stats``), for densities 0.01 and 0.001 of N = 11,173,962, over Gloo and MPI.
 
-Results, and the machine they were measured on: BENCHMARKS.md, section 2.
+Results: ``bench/results/collective_shapes*.json``, read by the bytes model's time projection
+(BENCHMARKS.md, "Bytes model"); MiCRO's exchange as it is now, in fixed slots: BENCHMARKS.md,
+"Fixed-shape exchange".
 
     .venv/bin/python -m bench.collective_shapes [--steps 300] [--backends gloo mpi] [--np 2]
 """

@@ -1,6 +1,6 @@
-"""Which lines of one MiCRO step make the host wait for the GPU: a census (issue 11).
+"""Which lines of one MiCRO step make the host wait for the GPU: a census.
 
-The README lists, from reading the code, the host synchronisations left in a step on CUDA
+docs/gpu.md lists, from reading the code, the host synchronisations left in a step on CUDA
 tensors. This counts them on a real GPU instead: the ranks train the model with
 ``hvm.DistributedOptimizer`` (MiCRO, defaults), and after the warm-up steps run a few
 under ``torch.cuda.set_sync_debug_mode("warn")``, which makes PyTorch warn at every

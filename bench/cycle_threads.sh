@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # What HOROVOD_CYCLE_TIME=0 does to the training entrypoint when torch's thread pool has a
-# core to spare, and when it has none (BENCHMARKS.md section 15).
+# core to spare, and when it has none (BENCHMARKS.md, "The GPU path").
 #
 #   bench/cycle_threads.sh [OUT_DIR] [ROUNDS]
 #
 # One Gloo rank trains wide_mlp on Fashion-MNIST with MiCRO (d = 0.001) for 120 iterations,
 # four times per round: torch threads 1 and 2 (OMP_NUM_THREADS), Horovod's default cycle
 # (1 ms) and 0. At cycle 0 Horovod's background thread never sleeps, so it keeps a core
-# busy; with 2 torch threads on this 2-core machine the pool then has one core fewer than
+# busy; with 2 torch threads on a 2-core machine the pool then has one core fewer than
 # it thinks. Prints the median of each phase over iterations 21-120, from the run's
 # iterations.jsonl (train.records). Runs from the repository root with the set-up's venv.
 set -euo pipefail

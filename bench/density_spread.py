@@ -1,4 +1,4 @@
-"""Per-iteration density spread of MiCRO's density controllers on real training (issue 14).
+"""Per-iteration density spread of MiCRO's density controllers on real training.
 
 What is measured: real Horovod training (``horovodrun``, Gloo, one thread per rank) of
 digits (the embedded CNN), Fashion-MNIST (a 784-256-10 MLP) and ResNet-18 on synthetic
@@ -107,7 +107,7 @@ def quantile(sorted_values: list[float], q: float) -> float:
 
 
 def spread(records: list[dict], warmup: int, per_rank: list | None = None) -> dict:
-    """The issue's measures over the records from iteration ``warmup`` on. The extra-pass
+    """The module docstring's measures over the records from iteration ``warmup`` on. The extra-pass
     share is over every rank's iterations when ``per_rank`` (each rank's
     ``[threshold, scale, extra_pass]`` per iteration) is given, else rank 0's."""
     rs = records[warmup:]

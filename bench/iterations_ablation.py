@@ -32,7 +32,7 @@ momentum. With ``--density 1`` every method but momentum correction is dense tra
 
 Reports, per method, the iteration of the first evaluation at or above each target and the
 accuracy at the end (``--json``, ``--markdown``). About 0.3-0.4 s per iteration at n = 4 on
-two threads here, so the default run takes about half an hour.
+two vCPUs, so the default run takes about half an hour.
 """
 
 from __future__ import annotations

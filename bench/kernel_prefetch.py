@@ -1,6 +1,6 @@
-"""The selection kernel's software prefetch distance, measured (BENCHMARKS.md section 9).
+"""The selection kernel's software prefetch distance, measured.
 
-Why: on this project's 2-core VM the AVX2 compare loop of ``_native/select.c`` ran at
+Why: on a 2-core VM the AVX2 compare loop of ``_native/select.c`` ran at
 1.3-1.6x the time of ``torch.sum`` over the same cold data: the hardware prefetcher alone
 did not keep it fed. This builds the kernel's own source several times with
 ``-DPREFETCH_AHEAD=D`` (0: no prefetch), loads every build side by side with ctypes, and

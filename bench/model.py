@@ -42,7 +42,7 @@ Iteration time, no overlap of computation and communication:
 First the model is checked against every measured configuration (n = 2, and n = 3, 4
 when ``--check`` files are given); then it projects n = 2 ... 256.
 
-Results, and the machine they were measured on: BENCHMARKS.md, section 5.
+Results, and the machine they were measured on: BENCHMARKS.md, "Bytes model".
 
     .venv/bin/python -m bench.model [--bandwidth bench/results/bandwidth.json]
         [--check bench/results/bandwidth-n3.json bench/results/bandwidth-n4.json]

@@ -6,8 +6,7 @@
 # RATE is a tc rate (100mbit, 1gbit) or "none" (namespace without a limit). Everything the
 # command sends over 127.0.0.1 (Gloo's TCP pairs between local ranks) passes the tbf qdisc
 # on the namespace's loopback: both directions share that one queue. burst 1mb and
-# latency 1s: a smaller burst or shorter latency made Gloo time out (BENCHMARKS.md,
-# section 3).
+# latency 1s: a smaller burst or shorter latency made Gloo time out.
 # The namespace is deleted on every exit path (success, failure, timeout, Ctrl-C/TERM);
 # the command runs in its own session so its whole process group can be killed.
 set -euo pipefail

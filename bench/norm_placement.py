@@ -1,5 +1,5 @@
 """Does the norm/NaN pass get cheaper if it runs in backward's hooks, right after each
-gradient's add into the residual, while the data may still be in cache? (issue 11)
+gradient's add into the residual, while the data may still be in cache?
 
 MiCRO's reducer reads the whole error-compensated gradient ``a_t`` once for its norm and
 NaN/Inf check (``reducer.py``, the ``check`` phase), after backward. The alternative is a

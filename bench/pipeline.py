@@ -1,4 +1,4 @@
-"""Where a MiCRO step's time goes: the per-phase breakdown, on real ranks (issue 11).
+"""Where a MiCRO step's time goes: the per-phase breakdown, on real ranks.
 
 One iteration of a sparse run is::
 
@@ -20,7 +20,7 @@ thread: the communication-bound regime) or ``resnet18`` (11.2M, about 1.6 s: the
 compute-bound regime). Variants of the optimizer run interleaved in one run (each round
 runs every variant once), so their medians and paired ratios compare like with like:
 
-* ``compute``: no exchange, the lower bound the issue's bar is set against;
+* ``compute``: no exchange, the lower bound the other variants are compared with;
 * ``barrier``: compute plus a one-element allreduce where ``synchronize()`` would be: what
   any synchronous data-parallel step pays on this machine with no bytes to move (the
   ranks' compute differs from step to step, and the faster one waits);
@@ -46,7 +46,8 @@ kernels' time, not their launch.
 
 ``--rate`` runs the ranks inside ``bench/netns_run.sh`` (tbf-limited loopback, as root).
 
-Results, and the machine they were measured on: BENCHMARKS.md, sections 4 and 8.
+Results, and the machine they were measured on: BENCHMARKS.md, "Iteration time on
+rate-limited links" (where the communication-bound step goes) and "The GPU path".
 
     .venv/bin/python -m bench.pipeline --model wide_mlp --rate 1gbit --iters 20
 """

@@ -1,6 +1,6 @@
 """Selection cost on one CPU thread: MiCRO's partitioned threshold vs Top-k vs full thresholds.
 
-What is measured (issue 3's benchmark): the time one rank spends choosing the coordinates it
+What is measured: the time one rank spends choosing the coordinates it
 sends, on an 11,173,962-element float32 gradient (ResNet-18 for CIFAR; by default a real
 gradient from one backward pass on random CIFAR-shaped data), at densities 0.01 and 0.001,
 all methods side by side in one run, interleaved, repeated, medians reported:
@@ -28,7 +28,7 @@ after the flush.
 ``torch.set_num_threads(1)``: one core, as one rank would have.
 
 Results, and the machine they were measured on (cache sizes included): BENCHMARKS.md,
-section 1 and "Machine and caveats".
+"Selection cost" and "Machine and caveats".
 
     .venv/bin/python -m bench.selection_cost [--reps 12] [--quick] [--warm] [--flush-mb MB]
         [--json bench/results/selection_cost.json]
@@ -41,7 +41,7 @@ at the exact one, 4 ladder steps (2^(4/64), 4.4 %) below it (the bounded control
 usual case: its bias aims low, and the ladder search trims upward) and 50 % above it (the
 count far too low: the extra pass). The cases marked "(before)" run the same controller
 with the values gathered from the part after the kernel, as before the kernel wrote them:
-before and after side by side in one run. Issue 14's accounting: mean cost = cost without the
+before and after side by side in one run. The accounting: mean cost = cost without the
 pass + share of iterations with the pass (bench/density_spread.py) x the pass.
 """
 
@@ -105,7 +105,7 @@ def main() -> None:
                     help="a N(0,1) vector instead of a real ResNet-18 gradient")
     ap.add_argument("--json", type=Path, help="write the medians here")
     ap.add_argument("--controllers", action="store_true",
-                    help="time each density controller's whole select (issue 14)")
+                    help="time each density controller's whole select")
     args = ap.parse_args()
     if args.controllers:
         controller_costs(args)

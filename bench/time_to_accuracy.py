@@ -114,7 +114,7 @@ def jobs_for(cell: Cell, methods: list[str], densities: list[float], seeds: list
 
 
 def matrix(cells: list[str], args: argparse.Namespace) -> list[Job]:
-    """The jobs of the named cells (issue 10's matrix; ``--methods`` etc. override)."""
+    """The jobs of the named cells (``--methods`` etc. override)."""
     headline = Cell(4, "1gbit")
     plan: list[Job] = []
     if args.hosts:  # one cell of the caller's choosing

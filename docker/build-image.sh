@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `make image`: build the CPU variant of docker/Dockerfile as $HVM_IMAGE
 # (default localhost/horovod-micro:cpu), with the Dockerfile unchanged in recipe.
-# `make image-gpu-check` (HVM_VARIANT=gpu): the GPU variant, compile only (no GPU here):
+# `make image-gpu-check` (HVM_VARIANT=gpu): the GPU variant, compile only (no GPU needed):
 # with buildah, on the local Debian base with this machine's CUDA toolkit mounted
 # read-only at /usr/local/cuda for the build ($HVM_CUDA_TOOLKIT, default $CUDA_HOME or
 # /usr/local/cuda) and NCCL from the nvidia-nccl wheel that torch brings; with docker, on

@@ -1,4 +1,4 @@
-"""The CUDA path on a real GPU (issue 11, item 3), against the same independent
+"""The CUDA path on a real GPU, against the same independent
 simulations as the CPU tests (tests/simulation.py, computed on the CPU):
 
 * the reducer on CUDA tensors, n ranks in one process (horovod_micro.loopback): MiCRO with

@@ -43,7 +43,8 @@ PAPER_DENSITIES = (0.001, 0.01)
 DENSE = ("none", "fp16")  # no density: one run per method, not one per density
 
 # Environment variables forwarded into the printed/ran commands when set (multi-node
-# networking; see jobs/README.md). horovodrun passes the environment on to every rank.
+# networking; see docs/jobs.md, "Several nodes"). horovodrun passes the environment on to
+# every rank.
 NETWORK_ENV = ("NCCL_SOCKET_IFNAME", "HOROVOD_GLOO_IFACE", "NCCL_IB_DISABLE", "NCCL_IB_HCA",
                "NCCL_IB_GID_INDEX", "NCCL_NET_GDR_LEVEL", "NCCL_DEBUG", "NCCL_P2P_DISABLE",
                "GLOO_SOCKET_IFNAME", "OMP_NUM_THREADS")

@@ -1,4 +1,4 @@
-"""Rank bodies for tests/test_reducer_defects.py (issue 15: dtypes, float16 overflow and
+"""Rank bodies for tests/test_reducer_defects.py (dtypes, float16 overflow and
 rounding, non-finite steps, the finiteness check, the state after a collective error).
 
 Several methods run in one launch, one optimizer each, as in ranks_baselines.py.

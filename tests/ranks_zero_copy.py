@@ -1,4 +1,4 @@
-"""Rank bodies for tests/test_zero_copy.py: zero-copy error feedback (issue 11), where
+"""Rank bodies for tests/test_zero_copy.py: zero-copy error feedback, where
 ``zero_grad()`` makes each ``.grad`` a view of the residual and backward adds into it."""
 
 from __future__ import annotations

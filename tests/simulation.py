@@ -1,8 +1,8 @@
 """Independent single-process references for the multi-rank tests, and the gradient feeder.
 
-The references are plain torch, written from the algorithm's definition
-(``/work/shared/notes/sparsifiers.md``), not from horovod_micro's code: n workers live in
-one process as n residual vectors, and every collective is a Python sum or concatenation.
+The references are plain torch, written from the algorithm's definition, not from
+horovod_micro's code: n workers live in one process as n residual vectors, and every
+collective is a Python sum or concatenation.
 
 ``feed_gradients`` is what the rank bodies use to drive a real ``hvm.DistributedOptimizer``
 with known per-rank gradients: one flat parameter whose ``.grad`` is set to

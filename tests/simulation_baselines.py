@@ -1,9 +1,8 @@
-"""Independent single-process references of the baseline sparsifiers (issue 4).
+"""Independent single-process references of the baseline sparsifiers.
 
-Written from the methods' definitions (``/work/shared/notes/sparsifiers.md`` and the
-papers), in the style of ``simulation.py``: n workers live in one process as n residual
-vectors, every collective is a Python sum, concatenation or recursion. Plain torch; no
-horovod_micro code.
+Written from the methods' definitions (their papers), in the style of ``simulation.py``: n
+workers live in one process as n residual vectors, every collective is a Python sum,
+concatenation or recursion. Plain torch; no horovod_micro code.
 
 ``grads[t][r]`` is rank r's gradient at iteration t. Each function returns, per iteration,
 ``{"grad": aggregated gradient, "residual": [per-rank residual after the exchange],

@@ -1,4 +1,4 @@
-"""Bad inputs after wrapping (issue 12, item 6), on 2 real Gloo ranks: what every rank
+"""Bad inputs after wrapping, on 2 real Gloo ranks: what every rank
 sees. docs/failure-modes.md, "Bad inputs", tabulates these with the earlier tests' cases.
 
 * parameters added to or removed from the wrapped optimizer, or unfrozen after being

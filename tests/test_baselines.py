@@ -1,4 +1,4 @@
-"""The baseline sparsifiers (issue 4) on real ranks equal independent simulations.
+"""The baseline sparsifiers on real ranks equal independent simulations.
 
 Three launches (each costs seconds, so each runs many methods): 2 Gloo ranks (every
 method and variant, build-up, NaN/Inf, argument errors on one rank raising on every rank),

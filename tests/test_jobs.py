@@ -7,8 +7,8 @@ rejects a Horovod without NCCL; the shared launcher (bench/launch.py) kills hung
 These are the dry-run and argument checks: here an "allocation" is its SLURM_* environment
 variables and scontrol a stand-in. The real launches are elsewhere: a real sbatch under a
 throwaway single-node SLURM (tests/test_jobs_slurm.py) and multi_node.sh across emulated
-hosts (tests/test_jobs_cluster.py). No Docker engine runs here, so the image is not built
-by these tests.
+hosts (tests/test_jobs_cluster.py). These tests need no Docker engine and do not build the
+image.
 """
 
 from __future__ import annotations
@@ -220,7 +220,7 @@ def test_submit_slurm_submits_one_array_task_per_configuration(tmp_path):
     assert line[1:] == ["sbatch", "--array=12", "--qos=high", script, "--slurm-launch", "srun",
                         "--data-dir", "/data", "--out-dir", "/runs"]
 
-    # (A real sbatch submission runs against a throwaway SLURM: the launch-path issue.)
+    # (A real sbatch submission runs against a throwaway SLURM: tests/test_jobs_slurm.py.)
     repo, task_args = str(REPO), args + train_extra
     # The array's tasks, as SLURM would start them.
     spool = tmp_path / "spool"

@@ -1,15 +1,15 @@
 """MiCRO's density controllers on a real training run (2 ranks, scikit-learn digits).
 
-Bars of the default controller (``"bounded"``, issue 14), after iteration 50:
+Bars of the default controller (``"bounded"``), after iteration 50:
 - at least 80 % of iterations within +-25 % of the target density;
 - p99 of actual/target at most 2;
 - the running mean (from iteration 50 to every T in [150, 300]) within +-2 %;
 - the controller state identical on every rank, every iteration.
-Issue 3's bar (the mean of 10 iterations within +-10 % by iteration 50) still holds.
+The earlier bar (the mean of 10 iterations within +-10 % by iteration 50) still holds.
 
 ``controller="paper"`` must run the authors' rule as written: its thresholds are compared
 with a plain-Python replay of the rule from the gathered global counts.
-``controller="newton"`` (the previous default) keeps issue 3's bars on the mean.
+``controller="newton"`` (the previous default) keeps the earlier bars on the mean.
 """
 
 import math
@@ -61,7 +61,8 @@ def test_bounded_controller_holds_density_every_iteration(density, backend):
 
 @pytest.mark.parametrize("density", [0.01, 0.001])
 def test_newton_controller_reaches_and_holds_mean(density):
-    """Issue 3's bars for the shared-threshold Newton controller (``controller="newton"``)."""
+    """The earlier bars on the mean for the shared-threshold Newton controller
+    (``controller="newton"``)."""
     iterations = 300
     results = run_ranks("ranks_micro:digits_density_trace", np=2,
                         kwargs={"density": density, "iterations": iterations,

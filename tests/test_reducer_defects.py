@@ -1,4 +1,4 @@
-"""Review findings on the sparse step (issue 15), each on real ranks against the
+"""Defects found in review of the sparse step, each on real ranks against the
 independent simulations of tests/simulation.py and tests/simulation_baselines.py:
 
 1. float64 models keep float64 (the dtype rule of docs/design.md);

@@ -1,10 +1,10 @@
-"""Soak (issue 12, item 5): 2,000 MiCRO steps on real Gloo ranks with nothing growing.
+"""Soak: 2,000 MiCRO steps on real Gloo ranks with nothing growing.
 
 After a warm-up, every rank's resident memory may grow by at most 5 MB over the rest of
 the run, and its open file descriptors and threads must stay exactly constant (read from
 /proc/self on each rank: tests/ranks_soak.py). No time bound is asserted. The rank count
-is ``HVM_SOAK_RANKS`` (default 2; BENCHMARKS.md, the soak section of issue 12, reports
-a run at 8 ranks, oversubscribed on 2 cores).
+is ``HVM_SOAK_RANKS`` (default 2; BENCHMARKS.md, "Soak and elastic reset", reports a run
+at 8 ranks, oversubscribed on 2 cores).
 """
 
 import os

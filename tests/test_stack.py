@@ -1,4 +1,4 @@
-"""The foundation: Horovod built here runs real collectives on Gloo and MPI ranks."""
+"""The foundation: Horovod as the set-up builds it runs real collectives on Gloo and MPI ranks."""
 
 from multirank import run_ranks
 

@@ -1,4 +1,4 @@
-"""Crash-safe checkpoints of ``python -m train`` on 2 real Gloo ranks (issue 12, item 4).
+"""Crash-safe checkpoints of ``python -m train`` on 2 real Gloo ranks.
 
 The job is SIGKILLed, all of it, while rank 0 is inside the write of a checkpoint: the
 test-only knob ``TRAIN_TEST_PAUSE_IN_CHECKPOINT`` (train/checkpoint_file.py) stops rank 0

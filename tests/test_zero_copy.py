@@ -1,4 +1,4 @@
-"""Zero-copy error feedback (issue 11): ``zero_grad()`` makes each ``.grad`` a view of the
+"""Zero-copy error feedback: ``zero_grad()`` makes each ``.grad`` a view of the
 residual ``e_t``, so backward builds ``a_t = e_t + g_t`` in place. On real ranks, against
 the independent simulation of tests/simulation.py:
 

@@ -1,7 +1,7 @@
 """Command line of ``python -m train`` (run it under ``horovodrun``).
 
 The flags are a stable interface (job scripts are built against :func:`build_parser`);
-train/README.md lists them. Flags left unset take the defaults of the chosen dataset's
+docs/reproducing.md lists them. Flags left unset take the defaults of the chosen dataset's
 recipe (:data:`RECIPES`), so ``--dataset cifar10`` alone is the MiCRO paper's set-up and a
 bare ``python -m train`` is the main job: Fashion-MNIST with MiCRO, a couple of minutes on two
 CPU ranks (``--dataset digits`` is the seconds-long embedded run).
@@ -34,7 +34,7 @@ DATASETS = ("digits", "fashion-mnist", "cifar10", "cifar100", "synthetic")
 #: 38 coordinates per step). Fashion-MNIST (``make run``): a 784-256-10 MLP (203,530
 #: weights), 3 epochs at batch 64 per worker: 87 % test accuracy in under two minutes on two
 #: busy CPU ranks, where each step's exchange costs more than its compute, so half the
-#: steps of batch 32 halve the time (BENCHMARKS.md, section 11).
+#: steps of batch 32 halve the time.
 #: Synthetic: throughput only (random labels), a few short epochs.
 RECIPES: dict[str, dict] = {
     "cifar10": dict(model="resnet18", epochs=200, warmup_epochs=5.0, lr_decay_epochs=[150],
@@ -110,8 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--weight-decay", type=float, default=1e-4)
     g.add_argument("--fused-sgd", action="store_true",
                    help="torch's fused SGD kernel (fused=True): the same update in one pass "
-                        "over the weights instead of several (wide_mlp's step on one CPU "
-                        "thread here: 52 ms -> 8 ms)")
+                        "over the weights instead of several (wide_mlp's update on one CPU "
+                        "thread: 52 ms -> 8 ms)")
     g.add_argument("--lr-decay-epochs", type=int, nargs="*", default=None,
                    help="epochs at which the lr is multiplied by --lr-decay-factor")
     g.add_argument("--lr-decay-factor", type=float, default=0.1)
@@ -125,7 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("elastic (run under horovodrun --min-np/--max-np "
                              "--host-discovery-script)")
     g.add_argument("--elastic", action="store_true",
-                   help="Elastic Horovod: survive lost and added workers (train/README.md)")
+                   help="Elastic Horovod: survive lost and added workers "
+                        "(docs/reproducing.md, Elastic training)")
     g.add_argument("--commit-every", type=int, default=10, metavar="K",
                    help="with --elastic: commit the state in memory every K iterations")
 
@@ -157,7 +158,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     for flag in ("download", "tensorboard", "eval_every"):
         if args.elastic and getattr(args, flag):
             parser.error(f"--{flag.replace('_', '-')} cannot be combined with --elastic "
-                         "(train/README.md, elastic training)")
+                         "(docs/reproducing.md, Elastic training)")
     for name in ("epochs", "batch_size", "test_batch_size", "commit_every", "eval_every"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")

@@ -14,7 +14,7 @@ only the ``k`` largest sums, so no message ever holds more than ``k`` pairs:
   coordinates with their summed values) to everyone.
 
 Horovod has no send/recv. Each round is one ``hvd.alltoall`` whose ``splits`` are zero
-except toward this round's partner (Gloo's and MPI's alltoallv then move only those
+except toward that round's partner (Gloo's and MPI's alltoallv then move only those
 bytes); every rank of the set joins every round, possibly with nothing to send.
 
 Error feedback, exactly: a rank's value at coordinate ``i`` reaches the result only if

@@ -167,7 +167,7 @@ class MicroCompressor(Sparsifier):
         if t is not None and name in ("bounded", "scale"):
             return (f"micro: initial_threshold sets the shared threshold of controller="
                     f"'newton' or 'paper'; controller={name!r} scales its threshold with "
-                    "each step's gradient (README, the density controller)")
+                    "each step's gradient (docs/design.md, the density controllers)")
         return super().config_error()
 
     def bind(self, numel, comm) -> None:
