@@ -17,7 +17,7 @@ from .optimizer import DistributedOptimizer
 from .sparsifiers.base import SparseGradient, Sparsifier
 from .stats import StatsLog, StepStats
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "CollectiveInputError",

@@ -10,6 +10,18 @@ appends one JSON line per iteration to ``OUT/<pid>.jsonl`` and, at the end, its 
 to ``OUT/final-<pid>.json``; the test judges those.
 
     python tests/elastic_worker.py '{"method": "micro", "out": "...", ...}'
+
+The elastic-reset figures of BENCHMARKS.md ran it by hand, with ``el/hosts.txt`` holding
+``localhost:2`` and ``127.0.0.1:1`` and ``el/disc.sh`` printing it::
+
+    CFG='{"method":"micro","density":0.05,"steps":60,"commit_every":5,"kill_at":17,
+          "kill_host":"127.0.0.1","add_at":30,"final_size":3,"hosts_file":"el/hosts.txt",
+          "add_hosts":"localhost:3\\n127.0.0.1:1\\n","out":"el/out"}'
+    HOROVOD_GLOO_TIMEOUT_SECONDS=20 PYTHONPATH=. .venv/bin/horovodrun -np 3 --min-np 2 \\
+        --max-np 3 --host-discovery-script el/disc.sh --gloo .venv/bin/python \\
+        tests/elastic_worker.py "$CFG"
+
+(the reference run: ``"kill_at": -1, "add_at": -1``).
 """
 
 from __future__ import annotations

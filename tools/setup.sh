@@ -95,7 +95,7 @@ fi
 PY="$VENV/bin/python"
 PIP=("$PY" -m pip install -q)
 
-# 3. torch + torchvision (a matching pair; see the README for why not torch 2.13's CPU file).
+# 3. torch + torchvision (a matching pair).
 if ! "$PY" - "$TORCH_VERSION" "$TORCHVISION_VERSION" <<'EOF' 2>/dev/null
 import sys
 from importlib.metadata import version
@@ -189,7 +189,7 @@ stale=0
 for source in "$REPO/setup.cfg" "$REPO/setup.py" "$REPO"/horovod_micro/_native/*.c; do
     [ "$source" -nt "$VENV/.hvm-installed" ] && stale=1
 done
-if ! "$PY" -c 'import horovod_micro, pytest, hypothesis, sklearn, mpi4py, tensorboard, sphinx, myst_parser' \
+if ! "$PY" -c 'import horovod_micro, pytest, hypothesis, sklearn, mpi4py, tensorboard, sphinx, myst_parser, build' \
         2>/dev/null \
         || [ "$stale" = 1 ]; then
     log "installing horovod_micro (editable) with its test extra"
