@@ -35,11 +35,13 @@ Horovod negotiates them once. Traffic per rank (ring model, ``b`` bytes per valu
 ``2 (n - 1) / n * b * (sum over matrices of r (m + c) + uncompressed entries)``, plus the
 header.
 
-Tuning: ``rank`` is the one knob that matters. Rank 1 sends least and, with error
-feedback, already trains most models; rank 2 or 4 approximate the gradient better per
-step at 2x or 4x the (small) traffic; a model whose gradient matrices have a high rank
-(a first layer over many inputs) needs the higher ranks, and large learning rates need them
-more (BENCHMARKS.md has the figures). ``start_iteration=K`` exchanges the plain average for
+Tuning: ``rank`` is the one knob that matters. Rank 1 sends least; rank 2 or 4
+approximate the gradient better per step at 2x or 4x the (small) traffic. A model whose
+gradient matrices have a high rank (a first layer over many inputs) needs the higher
+ranks, and large learning rates (the linearly scaled rate of many workers) need them more:
+on a 784-256-10 MLP rank 1 trains on 2 workers but not on 8 at the scaled rate, where rank
+4 does (BENCHMARKS.md has the figures). Start at rank 4 and lower it while the accuracy
+holds. ``start_iteration=K`` exchanges the plain average for
 the first K steps, as PyTorch's hook does by default; ``warm_start=False`` draws a new ``Q``
 every step (worse approximations, as the paper shows; for comparison only).
 """
