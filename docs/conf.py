@@ -42,8 +42,11 @@ html_title = "horovod-micro"
 html_theme_options = {
     "description": "MiCRO gradient sparsification for Horovod and PyTorch",
     "fixed_sidebar": True,
+    "page_width": "1180px",  # room for the tables
 }
 html_show_sourcelink = False
+html_static_path = ["_static"]
+html_css_files = ["custom.css"]
 
 
 def _repository_markdown_as_download(app, doctree):
