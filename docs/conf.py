@@ -33,7 +33,8 @@ myst_heading_anchors = 3
 
 # API reference: signatures and docstrings as written, in source order.
 autodoc_member_order = "bysource"
-autodoc_typehints = "signature"
+autodoc_typehints = "none"  # the signatures read as written; types are in the docstrings
+autodoc_preserve_defaults = True  # defaults as in the source (Compression.none), not their repr
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
 
