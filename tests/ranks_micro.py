@@ -9,6 +9,7 @@ import torch
 from simulation import feed_gradients
 
 import horovod_micro as hvm
+from bench.common import takes_density
 
 
 def _flat_param_optimizer(numel, compression, **kwargs):
@@ -152,7 +153,8 @@ def negotiations(steps, capacity=None, density=0.01, method="micro", options=Non
         compression=(hvm.Compression.micro(density=density, capacity=capacity)
                      if method == "micro"
                      else getattr(hvm.Compression, method)(
-                         **({} if method == "powersgd" else {"density": density}),
+                         **({"density": density}
+                            if takes_density(getattr(hvm.Compression, method)) else {}),
                          **(options or {}))))
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     log = tempfile.NamedTemporaryFile(prefix="hvm-trace-", delete=False)

@@ -7,6 +7,7 @@ from a directory outside the checkout."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -59,7 +60,7 @@ def test_wheel_installs_and_trains_outside_the_checkout(tmp_path):
     outside = tmp_path / "elsewhere"
     outside.mkdir()
     shutil.copy(REPO / "tests" / "scripts" / "wheel_smoke.py", outside)
-    clean = {k: v for k, v in __import__("os").environ.items() if k != "PYTHONPATH"}
+    clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     out = run_bounded(horovodrun_cmd(2, "gloo", [str(python), "wheel_smoke.py"]), 300,
                       cwd=outside, base_env=clean).stdout
     line = next(x for x in out.splitlines() if "SMOKE " in x)

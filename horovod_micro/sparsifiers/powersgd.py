@@ -228,8 +228,10 @@ class PowerSGDCompressor(Sparsifier):
             torch.mm(acc[m.start:m.end].view(m.rows, m.cols), self._q_of(q, m),
                      out=self._p_of(first, m))
         torch.index_select(acc, 0, dense, out=first[self.p_numel:])
-        first_sent = self.wire(first)
-        summed_p = allreduce_values(self.comm, first_sent.clone(), traffic, hvd.Sum, 1.0,
+        # What the residual keeps of the uncompressed entries (the wire's rounding), taken
+        # before the allreduce sums over them in place.
+        dense_kept = self.wire_error(first[self.p_numel:])
+        summed_p = allreduce_values(self.comm, self.wire(first), traffic, hvd.Sum, 1.0,
                                     1.0, role="powersgd-p").to(acc.dtype)
         # Second allreduce: Q_w = M^T P with P orthonormal, the same P on every rank.
         local_q = torch.empty(self.q_numel, dtype=acc.dtype, device=acc.device)
@@ -250,7 +252,7 @@ class PowerSGDCompressor(Sparsifier):
             torch.addmm(acc[m.start:m.end].view(m.rows, m.cols), p, self._q_of(own_q, m).T,
                         alpha=-1.0, out=kept[m.start:m.end].view(m.rows, m.cols))
         values.index_copy_(0, dense, summed_p[self.p_numel:])
-        kept.index_copy_(0, dense, self.wire_error(acc.index_select(0, dense)))
+        kept.index_copy_(0, dense, dense_kept)
         self._next_q = summed_q.div_(n)
         return Reduced(self._all, reduction.finish_sum(values, n), self._all, counts,
                        kept=kept)
