@@ -13,7 +13,7 @@ setup:
 
 run: setup
 	OMP_NUM_THREADS=1 $(HOROVODRUN) -np $(NP) -H localhost:$(NP) --gloo \
-		$(PY) -m train --out $(OUT)
+		$(PY) -m horovod_micro_train --out $(OUT)
 
 test: setup
 	$(PY) -m pytest -q
@@ -31,7 +31,7 @@ gpu-test: setup
 	$(PY) -m pytest -q gpu_tests
 
 lint: setup
-	$(VENV)/bin/ruff check horovod_micro train tests bench gpu_tests
+	$(VENV)/bin/ruff check horovod_micro horovod_micro_train tests bench gpu_tests
 
 # The CPU container image (docs/docker.md): docker build when a Docker engine answers,
 # else buildah with a local Debian base; image-test rebuilds (cached layers) and runs

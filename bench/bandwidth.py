@@ -1,7 +1,8 @@
 """End-to-end iteration time on a rate-limited link: every method vs the compute-only bound.
 
 What is measured: ResNet-18 for CIFAR
-(11,173,962 parameters; on a CPU the *compute-bound* regime) or ``train.models.wide_mlp``
+(11,173,962 parameters; on a CPU the *compute-bound* regime) or
+``horovod_micro_train.models.wide_mlp``
 (12,660,234 parameters at about 60 ms of compute: the *communication-bound* regime a GPU
 cluster is in), synthetic data,
 batch 32 per rank, SGD (Nesterov 0.9, weight decay 1e-4), 2 ranks over Gloo in a network
@@ -101,9 +102,10 @@ def worker(args) -> None:
         for d in densities:
             torch.manual_seed(0)
             if args.model == "wide_mlp":
-                from train.models import wide_mlp
+                from horovod_micro_train.models import wide_mlp
 
-                model, source = wide_mlp(), "train.models.wide_mlp (communication-bound)"
+                model = wide_mlp()
+                source = "horovod_micro_train.models.wide_mlp (communication-bound)"
             else:
                 model, source = resnet18()
             base = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, nesterov=True,

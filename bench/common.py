@@ -35,13 +35,14 @@ def takes_density(factory) -> bool:
 def resnet18(num_classes: int = 10) -> tuple[torch.nn.Module, str]:
     """ResNet-18 for CIFAR (3x3 stem, no max-pool; 11,173,962 parameters) and its source.
 
-    Uses the project's ``train.models.resnet18`` when it exists; otherwise torchvision's
+    Uses the project's ``horovod_micro_train.models.resnet18`` when it exists; otherwise
+    torchvision's
     ResNet-18 with the CIFAR stem (the same parameter count and shapes).
     """
     try:
-        from train.models import resnet18 as project_resnet18
+        from horovod_micro_train.models import resnet18 as project_resnet18
 
-        return project_resnet18(num_classes=num_classes), "train.models.resnet18"
+        return project_resnet18(num_classes=num_classes), "horovod_micro_train.models.resnet18"
     except ImportError:
         import torchvision
 

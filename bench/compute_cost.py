@@ -11,11 +11,11 @@ regime); ResNet-18 on CIFAR-sized inputs is compute-bound on a CPU.
     python -m bench.compute_cost --models wide_mlp --steps 30 --json out.json
     python -m bench.compute_cost --models wide_mlp --sgd-step     # the update alone
 
-``--sgd-step`` times the SGD update alone, with the trainer's settings (Nesterov momentum
-0.9, weight decay 1e-4), in torch's three implementations: the per-parameter loop (CPU's
-default), ``foreach`` and ``fused`` (``python -m train --fused-sgd``). The update is a few
-memory-bound passes over the weights, so on a CPU it costs as much as a small model's
-forward and backward.
+``--sgd-step`` times the SGD update alone, with the trainer's settings (Nesterov momentum 0.9,
+weight decay 1e-4), in torch's three implementations: the per-parameter loop (CPU's default),
+``foreach`` and ``fused`` (``python -m horovod_micro_train --fused-sgd``). The update is a few
+memory-bound passes over the weights, so on a CPU it costs as much as a small model's forward
+and backward.
 
 Reports the median wall time and its 10th/90th percentiles over ``--steps`` timed steps
 after ``--warmup`` untimed ones (random inputs of the model's dataset shape, fixed seed),
@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 from torch.nn import functional as F  # noqa: N812
 
-from train.models import build_model
+from horovod_micro_train.models import build_model
 
 #: Input shape per model (channels, height, width): the dataset each model is used with.
 INPUT_SHAPES = {"wide_mlp": (1, 28, 28), "fmnist_mlp": (1, 28, 28), "digits_cnn": (1, 8, 8),

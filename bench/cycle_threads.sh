@@ -9,7 +9,7 @@
 # (1 ms) and 0. At cycle 0 Horovod's background thread never sleeps, so it keeps a core
 # busy; with 2 torch threads on a 2-core machine the pool then has one core fewer than
 # it thinks. Prints the median of each phase over iterations 21-120, from the run's
-# iterations.jsonl (train.records). Runs from the repository root with the set-up's venv.
+# iterations.jsonl (horovod_micro_train.records). Runs from the repository root with the set-up's venv.
 set -euo pipefail
 out=${1:-/tmp/hvm-cycle-threads}
 rounds=${2:-2}
@@ -23,7 +23,7 @@ for round in $(seq 1 "$rounds"); do
             envs=(OMP_NUM_THREADS="$threads")
             [[ $cycle == 0 ]] && envs+=(HOROVOD_CYCLE_TIME=0)
             env "${envs[@]}" .venv/bin/horovodrun -np 1 -H localhost:1 --gloo \
-                "$py" -m train --dataset fashion-mnist --model wide_mlp --compressor micro \
+                "$py" -m horovod_micro_train --dataset fashion-mnist --model wide_mlp --compressor micro \
                 --density 0.001 --epochs 1 --max-iters-per-epoch 120 --out "$run" \
                 --no-plots --progress none > "$run.log" 2>&1
             "$py" - "$run" "$threads" "$cycle" <<'EOF'
@@ -31,7 +31,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from train.records import ITERATIONS_FILE, read_jsonl
+from horovod_micro_train.records import ITERATIONS_FILE, read_jsonl
 
 rows = read_jsonl(Path(sys.argv[1]) / ITERATIONS_FILE)[20:]
 

@@ -14,7 +14,7 @@ CIFAR-shaped data, at d = 0.01 and 0.001, n = 2 and 4, for each controller
   share of iterations in which a rank made the bounded controller's extra pass (over
   every rank's iterations; cells measured before every rank was logged: rank 0's).
 
-Why a rank body of its own instead of ``python -m train``: the selection phase and the
+Why a rank body of its own instead of ``python -m horovod_micro_train``: the selection phase and the
 extra-pass flag are not in the training records. The loop is the trainer's (same data,
 models, SGD with Nesterov momentum and weight decay 1e-4, batch 32 per rank) at a fixed
 lr of 0.05 and without evaluation.
@@ -38,7 +38,7 @@ from bench.launch import horovodrun_cmd, run_bounded
 
 REPO = Path(__file__).resolve().parent.parent
 CONTROLLERS = ("bounded", "scale", "newton", "paper")
-#: dataset name -> (train.data dataset, model, batch per rank)
+#: dataset name -> (horovod_micro_train.data dataset, model, batch per rank)
 SETUPS = {"digits": ("digits", "digits_cnn", 32),
           "fashion-mnist": ("fashion-mnist", "fmnist_mlp", 32),
           "resnet18": ("synthetic", "resnet18", 32)}
@@ -51,8 +51,8 @@ def rank_body(spec: dict) -> None:
     from torch.nn import functional as F  # noqa: N812
 
     import horovod_micro as hvm
-    from train.data import build_datasets
-    from train.models import build_model
+    from horovod_micro_train.data import build_datasets
+    from horovod_micro_train.models import build_model
 
     hvd.init()
     torch.set_num_threads(1)

@@ -1,6 +1,6 @@
 """Time per iteration of the main job on real ranks: dense against MiCRO, side by side.
 
-The question it answers: on n Gloo ranks of ``python -m train`` (Fashion-MNIST,
+The question it answers: on n Gloo ranks of ``python -m horovod_micro_train`` (Fashion-MNIST,
 ``fmnist_mlp``, ``make run``'s recipe), is MiCRO's iteration faster than dense's, and what
 does each part of it cost? Every variant runs the same number of iterations, the variants
 interleaved in rounds (the machine's drift falls on all of them alike); per run the median
@@ -33,7 +33,8 @@ SKIP = 10  # first iterations left out (negotiation, allocation, the first excha
 
 
 def one_run(ranks: int, iters: int, extra: list[str], out: Path) -> dict:
-    argv = [sys.executable, "-m", "train", "--dataset", "fashion-mnist", "--epochs", "1",
+    argv = [sys.executable, "-m", "horovod_micro_train",
+            "--dataset", "fashion-mnist", "--epochs", "1",
             "--max-iters-per-epoch", str(iters), "--out", str(out)] + extra
     subprocess.run(horovodrun_cmd(ranks, "gloo", argv), cwd=REPO, check=True,
                    capture_output=True)

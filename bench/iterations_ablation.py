@@ -49,9 +49,9 @@ from torch.nn import functional as F  # noqa: N812
 
 from horovod_micro.partition import owned_part, part_bounds
 from horovod_micro.reducer import FlatLayout
-from train.data import build_datasets
-from train.models import build_model
-from train.schedule import lr_at, peak_lr
+from horovod_micro_train.data import build_datasets
+from horovod_micro_train.models import build_model
+from horovod_micro_train.schedule import lr_at, peak_lr
 
 METHODS = ("dense", "micro", "micro-summed", "micro-momentum-correction", "global-topk")
 MOMENTUM, WEIGHT_DECAY = 0.9, 1e-4

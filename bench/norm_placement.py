@@ -23,7 +23,7 @@ import time
 
 import torch
 
-from train.models import build_model
+from horovod_micro_train.models import build_model
 
 
 def dot_ms(slices, grads, evict, hot: bool) -> float:

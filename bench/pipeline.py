@@ -84,7 +84,7 @@ PHASES = ("accumulate", "check", "select", "indices", "values", "exchange_local"
 
 
 def build_model(name: str):
-    from train.models import build_model as build
+    from horovod_micro_train.models import build_model as build
 
     return build(name, num_classes=10)
 

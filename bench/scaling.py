@@ -16,7 +16,8 @@ workers' gradients, not on where the workers run. So one process trains one mode
   what each rank's exchange accounts (:class:`~horovod_micro.exchange.Traffic`, ring
   collectives);
 * the wrapped optimizer (SGD, Nesterov 0.9, weight decay 1e-4, the trainer's linear
-  scaling and warm-up: ``train.schedule``) steps on the aggregate, and momentum masking
+  scaling and warm-up: ``horovod_micro_train.schedule``) steps on the aggregate, and momentum
+  masking
   (:mod:`horovod_micro.momentum`) follows the method's setting, as
   ``DistributedOptimizer.step`` does.
 
@@ -56,8 +57,8 @@ from horovod_micro.momentum import mask_momentum
 from horovod_micro.reducer import FlatLayout, SparseReducer
 from horovod_micro.sparsifiers.base import Reduction
 from horovod_micro.stats import ring_allreduce_bytes
-from train.models import build_model
-from train.schedule import lr_at, peak_lr
+from horovod_micro_train.models import build_model
+from horovod_micro_train.schedule import lr_at, peak_lr
 
 from .common import parse_method, takes_density
 from .iterations_ablation import evaluate, load

@@ -1,4 +1,5 @@
-"""Accuracy against the number of workers on real ranks: ``python -m train`` under horovodrun.
+"""Accuracy against the number of workers on real ranks: ``python -m horovod_micro_train`` under
+horovodrun.
 
 The in-process benchmark (:mod:`bench.scaling`) answers the question for many n at once;
 this one confirms it with the training entrypoint itself: real Horovod ranks on Gloo, the
@@ -28,7 +29,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from train.records import read_jsonl
+from horovod_micro_train.records import read_jsonl
 
 from .launch import horovodrun_cmd, run_bounded
 
@@ -36,10 +37,11 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def run(method: str, ranks: int, seed: int, epochs: int, timeout: float) -> dict:
-    """One ``python -m train`` run; its final accuracy and bytes per iteration."""
+    """One ``python -m horovod_micro_train`` run; its final accuracy and bytes per iteration."""
     compressor, *flags = shlex.split(method)
     with tempfile.TemporaryDirectory(prefix="hvm-scaling-") as out:
-        argv = [sys.executable, "-m", "train", "--dataset", "fashion-mnist", "--compressor",
+        argv = [sys.executable, "-m", "horovod_micro_train",
+                "--dataset", "fashion-mnist", "--compressor",
                 compressor, *flags, "--epochs", str(epochs), "--seed", str(seed),
                 "--no-plots", "--progress", "none", "--out", out]
         run_bounded(horovodrun_cmd(ranks, "gloo", argv), timeout, cwd=REPO,

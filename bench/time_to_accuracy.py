@@ -10,13 +10,13 @@ experiment at small scale (communication-bound model, Fashion-MNIST, one rank pe
 
 Each cell is H hosts of ``bench/cluster.py`` (network namespaces, one veth per host with a
 tbf in both directions at the cell's rate, sshd in each), and each run is one
-``horovodrun -np H -H hvm1:1,...,hvmH:1 --gloo python -m train`` started in host hvm1,
+``horovodrun -np H -H hvm1:1,...,hvmH:1 --gloo python -m horovod_micro_train`` started in host hvm1,
 with the same seed and recipe for every method: ``wide_mlp`` (12.7M parameters, the
 communication-bound model), batch 32 per rank, SGD with Nesterov momentum, and a test
 evaluation every ``--eval-every`` iterations (not counted in the training time).
 
-Why a runner of ``python -m train`` rather than a loop of its own: the curves are then what
-a user of the training entrypoint gets, measured by the same per-phase timers.
+Why a runner of ``python -m horovod_micro_train`` rather than a loop of its own: the curves are
+then what a user of the training entrypoint gets, measured by the same per-phase timers.
 
 Runs are resumable: a run whose directory holds ``summary.json`` is not run again, so the
 matrix can be stopped and restarted across a session. The report (``report.md`` and
@@ -48,7 +48,13 @@ from pathlib import Path
 
 from bench.common import parse_method
 from bench.density_spread import quantile
-from train.records import EPOCHS_FILE, EVALS_FILE, ITERATIONS_FILE, TIME_FIELDS, read_jsonl
+from horovod_micro_train.records import (
+    EPOCHS_FILE,
+    EVALS_FILE,
+    ITERATIONS_FILE,
+    TIME_FIELDS,
+    read_jsonl,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 DENSE = ("none", "fp16")
@@ -91,7 +97,7 @@ FLAGS = {("powersgd", "rank"): "--powersgd-rank"}
 
 
 def method_argv(method: str) -> list[str]:
-    """``name[:key=value,...]`` as ``python -m train`` flags."""
+    """``name[:key=value,...]`` as ``python -m horovod_micro_train`` flags."""
     name, kwargs = parse_method(method)
     argv = ["--compressor", name]
     for key, value in kwargs.items():
@@ -143,7 +149,8 @@ def matrix(cells: list[str], args: argparse.Namespace) -> list[Job]:
 
 
 def train_argv(job: Job, args: argparse.Namespace, out: Path) -> list[str]:
-    argv = [sys.executable, "-m", "train", "--dataset", "fashion-mnist", "--model", args.model,
+    argv = [sys.executable, "-m", "horovod_micro_train",
+            "--dataset", "fashion-mnist", "--model", args.model,
             *method_argv(job.method), "--seed", str(job.seed), "--epochs", str(args.epochs),
             "--batch-size", str(args.batch_size), "--eval-every", str(args.eval_every),
             "--out", str(out), "--no-plots", "--progress", "none"]
@@ -375,7 +382,7 @@ def figures(report: dict, root: Path, target: float) -> list[Path]:
     """Accuracy against time and the breakdown per cell; iteration time against n."""
     import matplotlib.pyplot as plt
 
-    from train.plot import Run, accuracy_vs_time, group, time_breakdown
+    from horovod_micro_train.plot import Run, accuracy_vs_time, group, time_breakdown
 
     out = Path(root) / "figures"
     made = []
@@ -447,7 +454,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="target test accuracies; the last is drawn in the figures")
     p.add_argument("--data-dir", default=None)
     p.add_argument("--fused-sgd", action="store_true",
-                   help="train with torch's fused SGD (python -m train --fused-sgd)")
+                   help="train with torch's fused SGD (python -m horovod_micro_train --fused-sgd)")
     p.add_argument("--run-timeout", type=float, default=3600.0, help="seconds per run")
     p.add_argument("--out", type=Path, default=REPO / "runs" / "time_to_accuracy")
     p.add_argument("--report-only", action="store_true")

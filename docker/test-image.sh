@@ -25,7 +25,7 @@ for controller in gloo mpi; do
     out="/tmp/image-test-$controller"
     rm -rf "$out"
     echo "== 2-rank MiCRO training under horovodrun --$controller"
-    horovodrun -np 2 -H localhost:2 "--$controller" python -m train --dataset digits \
+    horovodrun -np 2 -H localhost:2 "--$controller" python -m horovod_micro_train --dataset digits \
         --epochs 1 --max-iters-per-epoch 5 --no-plots --progress lines --out "$out"
     python - "$out" "$controller" <<'PY'
 import json, sys

@@ -2,7 +2,7 @@
 
     python jobs/matrix.py --launcher local --data-dir /data --out-dir /runs --dry-run
 
-builds one ``python -m train`` run per (dataset, model, compressor, density, worker count)
+builds one ``python -m horovod_micro_train`` run per (dataset, model, compressor, density, worker count)
 and either prints the commands (``--dry-run``) or runs them one after another. The
 launchers in this folder are thin wrappers around it: ``single_node.sh`` (``-H
 localhost:N``), ``multi_node.sh`` (``-H host1:8,host2:8`` or ``--hostfile``),
@@ -17,7 +17,7 @@ runs or prints configuration I only. The numbering does not depend on the hosts:
 submitted from a login node and the tasks inside their allocations agree.
 
 Only the standard library is needed. Every training command is checked with the real
-parser (``train.cli.parse_args``) before anything runs, when ``train`` can be imported.
+parser (``horovod_micro_train.cli.parse_args``) before anything runs, when ``train`` can be imported.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ NETWORK_ENV = ("NCCL_SOCKET_IFNAME", "HOROVOD_GLOO_IFACE", "NCCL_IB_DISABLE", "N
 
 @dataclass
 class Run:
-    """One training run: its name, worker count and ``python -m train`` arguments."""
+    """One training run: its name, worker count and ``python -m horovod_micro_train`` arguments."""
     name: str
     np: int
     train_args: list[str]
@@ -85,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="jobs/matrix.py", allow_abbrev=False,
         description="The MiCRO paper's experiment matrix as horovodrun commands. Arguments "
-                    "after -- are appended to every `python -m train` command.",
+                    "after -- are appended to every `python -m horovod_micro_train` command.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--launcher", choices=("local", "hosts", "slurm"), default="local",
                    help="local: -H localhost:N; hosts: --hosts/--hostfile; slurm: inside an "
@@ -139,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--python", default=os.environ.get("PYTHON") or default_python())
     p.add_argument("--keep-going", action="store_true", help="go on after a failed run")
     p.add_argument("--no-check", action="store_true",
-                   help="do not check the training arguments with train.cli first")
+                   help="do not check the training arguments with horovod_micro_train.cli first")
     return p
 
 
@@ -260,7 +260,7 @@ def build_runs(opts, extra: list[str], need_slots: bool = True) -> list[Run]:
     env = network_env(opts)
     runs = []
     for name, args, np in matrix(opts, extra):
-        launch = [] if unknown else launch_prefix(opts, np, hosts) + [opts.python, "-m", "train"]
+        launch = [] if unknown else launch_prefix(opts, np, hosts) + [opts.python, "-m", "horovod_micro_train"]
         runs.append(Run(name=name, np=np, train_args=args, env=env, launch=launch))
     return runs
 
@@ -269,7 +269,7 @@ def check(runs: list[Run]) -> None:
     """Parse every run's training arguments with the real parser (exits on an error)."""
     sys.path.insert(0, str(REPO))
     try:
-        from train.cli import compressor_names, parse_args
+        from horovod_micro_train.cli import compressor_names, parse_args
     except ImportError:
         print("note: train is not importable here; training arguments not checked",
               file=sys.stderr)

@@ -2,9 +2,9 @@
 
 from pathlib import Path
 
-from train import checkpoint
-from train.cli import TrainError, parse_args
-from train.trainer import setup
+from horovod_micro_train import checkpoint
+from horovod_micro_train.cli import TrainError, parse_args
+from horovod_micro_train.trainer import setup
 
 
 def load_each(paths: dict[str, str], flags: list[str], unwritable: str) -> dict:

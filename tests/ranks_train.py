@@ -4,9 +4,9 @@ import horovod.torch as hvd
 import torch
 from torchvision.datasets import CIFAR10, CIFAR100
 
-from train.cli import parse_args
-from train.progress import Progress
-from train.trainer import setup, train_epoch
+from horovod_micro_train.cli import parse_args
+from horovod_micro_train.progress import Progress
+from horovod_micro_train.trainer import setup, train_epoch
 
 
 def checked_classes(md5: dict[str, str]) -> dict[str, type]:

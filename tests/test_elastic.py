@@ -39,7 +39,8 @@ STEPS, COMMIT_EVERY, KILL_AT, ADD_AT = 60, 5, 17, 30
 DENSITY = 0.05
 # Gloo's timeout bounds how long a survivor waits on a peer that died without closing its
 # socket, and also how long the rendezvous waits for a new worker to start: long enough
-# for the test worker to import torch on a loaded 2-core machine; python -m train imports
+# for the test worker to import torch on a loaded 2-core machine; python -m horovod_micro_train
+# imports
 # more (a 20 s bound failed there twice under load).
 GLOO_TIMEOUT_S = "20"
 TRAIN_GLOO_TIMEOUT_S = "60"
@@ -165,7 +166,7 @@ def _worker_pids(marker: str, host: str) -> list[int]:
             environ = (proc / "environ").read_bytes().split(b"\0")
         except OSError:  # gone, or not ours
             continue
-        if marker in cmdline and "-m train" in cmdline and (
+        if marker in cmdline and "-m horovod_micro_train" in cmdline and (
                 f"HOROVOD_HOSTNAME={host}".encode() in environ):
             pids.append(int(proc.name))
     return pids
@@ -186,7 +187,8 @@ def _lines(path: Path) -> list[dict]:
 
 
 def test_train_elastic_kill_and_add(tmp_path):
-    """``python -m train --elastic`` under horovodrun's elastic mode: the test SIGKILLs the
+    """``python -m horovod_micro_train --elastic`` under horovodrun's elastic mode: the test
+    SIGKILLs the
     worker on 127.0.0.1 from outside while it trains, then adds a slot; the run finishes,
     the records show the membership changes, and the figures draw them."""
     out = tmp_path / "run"
@@ -197,7 +199,7 @@ def test_train_elastic_kill_and_add(tmp_path):
     discovery.chmod(0o755)
     cmd = [horovodrun(), "-np", "3", "--min-np", "2", "--max-np", "3",
            "--host-discovery-script", str(discovery), "--gloo",
-           sys.executable, "-m", "train", "--elastic", "--commit-every", "4",
+           sys.executable, "-m", "horovod_micro_train", "--elastic", "--commit-every", "4",
            "--epochs", "12", "--max-iters-per-epoch", "8", "--out", str(out),
            "--progress", "none", "--no-plots"]
     result: dict = {}
@@ -227,7 +229,7 @@ def test_train_elastic_kill_and_add(tmp_path):
                                   [m["iteration"] for m in starts[1:]] + [len(rows)]):
         assert {r["world_size"] for r in rows[begin:end]} == {size}
     assert len(_lines(out / "epochs.jsonl")) == 12
-    from train.plot import Run, make_figures
+    from horovod_micro_train.plot import Run, make_figures
     assert Run(out).resets == [(starts[1]["iteration"], 2), (starts[2]["iteration"], 3)]
     assert all(p.stat().st_size > 0 for p in make_figures([out], tmp_path / "figures"))
 
@@ -257,7 +259,7 @@ def test_part_multipliers_map_by_overlap():
 
 
 def test_elastic_flags_refuse_what_a_reset_would_break():
-    from train.cli import parse_args
+    from horovod_micro_train.cli import parse_args
 
     assert parse_args(["--elastic", "--commit-every", "3"]).commit_every == 3
     for extra in (["--resume"], ["--download"], ["--tensorboard"], ["--commit-every", "0"]):

@@ -1,4 +1,5 @@
-"""Fashion-MNIST through torchvision's FashionMNIST (train/fashion_mnist.py, train/data.py).
+"""Fashion-MNIST through torchvision's FashionMNIST (horovod_micro_train/fashion_mnist.py,
+horovod_micro_train/data.py).
 
 The tests write small idx files of their own (gzip-compressed, the format Debian's
 dataset-fashion-mnist installs) and compare what the loader returns with what they wrote;
@@ -13,10 +14,10 @@ import pytest
 import torch
 
 from bench.launch import horovodrun_cmd, run_bounded
-from train import fashion_mnist
-from train.cli import DataNotFoundError, TrainError, parse_args
-from train.data import build_datasets
-from train.fashion_mnist import FILES, DamagedDataError
+from horovod_micro_train import fashion_mnist
+from horovod_micro_train.cli import DataNotFoundError, TrainError, parse_args
+from horovod_micro_train.data import build_datasets
+from horovod_micro_train.fashion_mnist import FILES, DamagedDataError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -146,14 +147,14 @@ def test_debian_package_is_the_default_and_is_read_in_full(tmp_path):
 
 
 def test_the_command_reports_absent_data_on_two_ranks(tmp_path):
-    """``python -m train`` on 2 Gloo ranks: every rank stops before training, rank 0 names
-    the package in one error line, no rank prints a traceback, a non-zero exit."""
-    argv = [sys.executable, "-m", "train", "--data-dir", str(tmp_path), "--out",
+    """``python -m horovod_micro_train`` on 2 Gloo ranks: every rank stops before training, rank
+    0 names the package in one error line, no rank prints a traceback, a non-zero exit."""
+    argv = [sys.executable, "-m", "horovod_micro_train", "--data-dir", str(tmp_path), "--out",
             str(tmp_path / "run"), "--progress", "none"]
     proc = run_bounded(horovodrun_cmd(2, "gloo", argv), 300, cwd=REPO, check=False,
                        env={"XDG_CACHE_HOME": str(tmp_path / "cache")})
     assert proc.returncode != 0
-    (line,) = [x for x in proc.stdout.splitlines() if "python -m train: error:" in x]
+    (line,) = [x for x in proc.stdout.splitlines() if "python -m horovod_micro_train: error:" in x]
     assert "dataset-fashion-mnist" in line and "t10k-images-idx3-ubyte.gz" in line
     rank_lines = [x for x in proc.stdout.splitlines() if x.startswith(("[0]", "[1]"))]
     assert not any("Traceback" in x for x in rank_lines)  # horovodrun's own may follow

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from bench.launch import LaunchError, horovodrun_cmd, run_bounded
-from train.cli import compressor_names, parse_args
+from horovod_micro_train.cli import compressor_names, parse_args
 
 REPO = Path(__file__).resolve().parent.parent
 JOBS = REPO / "jobs"
@@ -72,19 +72,20 @@ def fake_allocation(tmp_path: Path, **extra: str) -> dict[str, str]:
 
 
 def split_command(argv: list[str]) -> tuple[dict[str, str], list[str], list[str]]:
-    """(leading VAR=value assignments, launcher argv, training argv after `-m train`)."""
+    """(leading VAR=value assignments, launcher argv, training argv after `-m
+    horovod_micro_train`)."""
     env = {}
     while "=" in argv[0] and not argv[0].startswith("-"):
         key, _, value = argv.pop(0).partition("=")
         env[key] = value
     i = argv.index("-m")
-    assert argv[i + 1] == "train", argv
+    assert argv[i + 1] == "horovod_micro_train", argv
     return env, argv[:i], argv[i + 2:]
 
 
 def check_matrix(commands: list[list[str]], data_dir: str, out_dir: str) -> list:
     """Every training command parses with train's parser; the matrix is the paper's."""
-    from train.models import MODELS
+    from horovod_micro_train.models import MODELS
 
     parsed = []
     for argv in commands:

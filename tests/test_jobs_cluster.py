@@ -34,7 +34,7 @@ def cluster():
 
 def own_hash(checkpoint: Path) -> str:
     """SHA-256 of the checkpoint's parameters, computed here from the saved weights."""
-    from train.models import build_model
+    from horovod_micro_train.models import build_model
 
     model = build_model("digits_cnn", 10)
     model.load_state_dict(torch.load(checkpoint, weights_only=False)["model"])

@@ -65,7 +65,7 @@ def _python(code_or_args: list[str], plugin: bool) -> subprocess.CompletedProces
 
 
 def test_plugin_method_reaches_the_train_parser_and_the_job_matrix():
-    parse = ["-c", "from train.cli import parse_args; "
+    parse = ["-c", "from horovod_micro_train.cli import parse_args; "
              "print(parse_args(['--compressor', 'cyclicblock', '--density', '0.01']).compressor)"]
     assert _python(parse, plugin=True).stdout.strip() == "cyclicblock"
     refused = _python(parse, plugin=False)

@@ -26,7 +26,7 @@ from test_fashion_mnist import write_dataset
 
 from bench.cluster import clusters
 from bench.launch import run_bounded
-from train.models import build_model
+from horovod_micro_train.models import build_model
 
 REPO = Path(__file__).resolve().parent.parent
 HOSTS = 4

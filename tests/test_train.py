@@ -1,4 +1,4 @@
-"""``python -m train`` end to end on 2 real Gloo ranks (the embedded digits run).
+"""``python -m horovod_micro_train`` end to end on 2 real Gloo ranks (the embedded digits run).
 
 Stated accuracy: the digits recipe shortened to 4 epochs (lr decay at epoch 3) reaches at
 least 90 % test accuracy with MiCRO at density 0.01, and dense training with the same recipe
@@ -13,8 +13,8 @@ import pytest
 import torch
 from multirank import run_script
 
-from train.plot import Run, group, make_figures
-from train.records import MAX_FIELDS, MEAN_FIELDS
+from horovod_micro_train.plot import Run, group, make_figures
+from horovod_micro_train.records import MAX_FIELDS, MEAN_FIELDS
 
 RECIPE = ["--dataset", "digits", "--epochs", "4", "--lr-decay-epochs", "3", "--progress",
           "lines"]
@@ -22,7 +22,8 @@ ACCURACY = 0.90
 
 
 def train(out, *flags):
-    return run_script([sys.executable, "-m", "train", "--out", str(out), *RECIPE, *flags])
+    return run_script([sys.executable, "-m", "horovod_micro_train",
+                       "--out", str(out), *RECIPE, *flags])
 
 
 @pytest.fixture(scope="module")

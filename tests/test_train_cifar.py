@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from multirank import run_ranks
 
-from train.data import build_datasets
+from horovod_micro_train.data import build_datasets
 
 PER_FILE = 6  # images per CIFAR-10 batch file
 

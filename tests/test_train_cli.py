@@ -1,10 +1,10 @@
-"""The stable CLI of ``python -m train`` and the recipe it fills in (one process)."""
+"""The stable CLI of ``python -m horovod_micro_train`` and the recipe it fills in (one process)."""
 
 import pytest
 
-from train.cli import DATASETS, RECIPES, TrainError, build_parser, parse_args
-from train.schedule import lr_at, peak_lr
-from train.trainer import build_compression
+from horovod_micro_train.cli import DATASETS, RECIPES, TrainError, build_parser, parse_args
+from horovod_micro_train.schedule import lr_at, peak_lr
+from horovod_micro_train.trainer import build_compression
 
 
 def test_bare_command_is_the_fashion_mnist_main_job():

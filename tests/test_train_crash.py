@@ -1,14 +1,14 @@
-"""Crash-safe checkpoints of ``python -m train`` on 2 real Gloo ranks.
+"""Crash-safe checkpoints of ``python -m horovod_micro_train`` on 2 real Gloo ranks.
 
-The job is SIGKILLed, all of it, while rank 0 is inside the write of a checkpoint: the
-test-only knob ``TRAIN_TEST_PAUSE_IN_CHECKPOINT`` (train/checkpoint_file.py) stops rank 0
-at a known point of the write and tells the test, which then kills horovodrun's process
-group and every process carrying this job's token (the rank processes live in sessions
-of their own under horovodrun). ``--resume`` must then continue from the last complete
-checkpoint and end exactly where an uninterrupted run ends. Damaged files (truncated,
-empty, garbage, a flipped byte, another torch file, missing) are a ``TrainError`` naming
-the file on every rank, and ``python -m train`` prints it without a traceback; so is a
-checkpoint that rank 0 cannot write.
+The job is SIGKILLed, all of it, while rank 0 is inside the write of a checkpoint: the test-only
+knob ``TRAIN_TEST_PAUSE_IN_CHECKPOINT`` (horovod_micro_train/checkpoint_file.py) stops rank 0 at
+a known point of the write and tells the test, which then kills horovodrun's process group and
+every process carrying this job's token (the rank processes live in sessions of their own under
+horovodrun). ``--resume`` must then continue from the last complete checkpoint and end exactly
+where an uninterrupted run ends. Damaged files (truncated, empty, garbage, a flipped byte,
+another torch file, missing) are a ``TrainError`` naming the file on every rank, and ``python -m
+horovod_micro_train`` prints it without a traceback; so is a checkpoint that rank 0 cannot
+write.
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ import torch
 from multirank import REPO, run_ranks, run_script
 
 from bench.launch import horovodrun_cmd, run_bounded
-from train.checkpoint_file import PAUSE_ENV, read_verified
-from train.cli import TrainError
-from train.records import read_jsonl
+from horovod_micro_train.checkpoint_file import PAUSE_ENV, read_verified
+from horovod_micro_train.cli import TrainError
+from horovod_micro_train.records import read_jsonl
 
 EPOCHS, ITERS = 4, 6
 # The embedded digits run: seconds, no data files, whatever the CLI's default dataset is.
@@ -39,7 +39,7 @@ JOB_TOKEN = "HVM_CRASH_TEST_JOB"
 
 
 def train_argv(out: Path, *flags: str) -> list[str]:
-    return [sys.executable, "-m", "train", "--out", str(out), *RECIPE, *flags]
+    return [sys.executable, "-m", "horovod_micro_train", "--out", str(out), *RECIPE, *flags]
 
 
 @pytest.fixture(scope="module")
@@ -162,7 +162,7 @@ def _damaged_copies(source: Path, into: Path) -> dict[str, str]:
 DAMAGE = {"truncated": "cannot be read, it is truncated or corrupt",
           "empty": "is empty (0 bytes)", "garbage": "cannot be read, it is truncated or corrupt",
           "flipped": "is corrupt: its contents do not match the SHA-256",
-          "other": "is not a checkpoint written by python -m train",
+          "other": "is not a checkpoint written by python -m horovod_micro_train",
           "missing": "no checkpoint at"}
 
 
@@ -193,7 +193,8 @@ def test_resume_from_a_damaged_file_prints_one_line_and_exits_2(straight, tmp_pa
                                                             str(bad))),
                        300, cwd=REPO, check=False)
     assert proc.returncode != 0
-    errors = [line for line in proc.stdout.splitlines() if "python -m train: error:" in line]
+    marker = "python -m horovod_micro_train: error:"
+    errors = [line for line in proc.stdout.splitlines() if marker in line]
     assert len(errors) == 1 and str(bad) in errors[0], proc.stdout[-3000:]
     # horovodrun itself reports the exit code with a traceback of its own; the ranks print none.
     assert not re.search(r"^\[\d+\]<std(out|err)>:Traceback", proc.stdout, re.M), proc.stdout

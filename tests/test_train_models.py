@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from train.models import MODELS, build_model, resnet18
+from horovod_micro_train.models import MODELS, build_model, resnet18
 
 
 def test_resnet18_has_the_cifar_parameter_count():

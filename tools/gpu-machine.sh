@@ -129,7 +129,7 @@ ab() {
 train() {
     local c data="${FMNIST_DIR:-/usr/share/datasets/fashion-mnist}"
     for c in micro none; do
-        horovodrun -np 1 -H localhost:1 --gloo "$PY" -m train --data-dir "$data" \
+        horovodrun -np 1 -H localhost:1 --gloo "$PY" -m horovod_micro_train --data-dir "$data" \
             --compressor "$c" --tensorboard --out "/tmp/run-$c" || return 1
         "$PY" - "/tmp/run-$c" <<'EOF' || return 1
 import json, sys

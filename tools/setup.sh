@@ -56,7 +56,7 @@ if ! command -v mpirun >/dev/null 2>&1 || ! command -v mpicc >/dev/null 2>&1; th
 fi
 
 # 1b. Fashion-MNIST (Debian's dataset-fashion-mnist: the idx files under
-#     /usr/share/datasets/fashion-mnist: python -m train's default dataset, make run).
+#     /usr/share/datasets/fashion-mnist: python -m horovod_micro_train's default dataset, make run).
 if [ ! -d /usr/share/datasets/fashion-mnist ]; then
     log "installing Fashion-MNIST from Debian's packages"
     as_root apt-get update -q

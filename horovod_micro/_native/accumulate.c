@@ -6,8 +6,8 @@
  *
  * Why: the reducer needs a_t = e_t + g_t and ||a_t||^2 (the NaN/Inf check and the RMS that
  * the scale-free density controllers multiply). As two torch calls that is two passes over
- * N; the second one (a read of 50 MB at 12.7M float32) cost 3-4 ms a step on one core here
- * (BENCHMARKS.md, section 8). Here the square is taken while a_t is still in a register.
+ * N, and the second one re-reads the whole vector from memory. Here the square is taken
+ * while a_t is still in a register.
  *
  * The sum is accumulated in double, in a fixed order for a given n (deterministic): no
  * float32 square can overflow it, and a NaN or Inf entry always makes it non-finite.

@@ -7,7 +7,7 @@
  * hvm_select_abs_ge_values does the same and also writes x[i] into vals (when vals is not
  * NULL): the caller then has the selected values without a second, random-access gather
  * from a part far larger than the cache (the density controller's ladder search reads
- * them; the gather cost 0.05-0.4 ms at 11M elements, BENCHMARKS.md section 9).
+ * them).
  *
  * Why native: torch needs three passes with temporaries (abs, compare, nonzero) and runs
  * 10-30x slower than reading the floats once. Here the data is read once: on x86-64 with
@@ -24,11 +24,9 @@
 #include <stdint.h>
 
 #define BLOCK 32
-/* Software prefetch distance, in floats (8 KB ahead). On the 2-core test VM the hardware
- * prefetcher alone left the AVX2 loop at 1.22x (no hit) to 1.66x (1 % hits) the time of
- * torch.sum over the same cold 22 MB; with this prefetch, 0.90x to 1.03x (paired, 31
- * repetitions; 1024 floats: 0.91-1.07x; 4096: as 2048): bench/kernel_prefetch.py,
- * BENCHMARKS.md section 9. -DPREFETCH_AHEAD=0 builds it without. */
+/* Software prefetch distance, in floats (8 KB ahead): without it the hardware prefetcher
+ * alone leaves the AVX2 loop well behind one plain read of a cold part larger than the
+ * cache (BENCHMARKS.md, "Selection cost"). -DPREFETCH_AHEAD=0 builds it without. */
 #ifndef PREFETCH_AHEAD
 #define PREFETCH_AHEAD 2048
 #endif

@@ -97,7 +97,8 @@ def format_summary(s: dict, figures: str | None = None) -> str:
     if Path(s["checkpoint"]).exists():  # none under --elastic
         lines.append(f"checkpoint      : {s['checkpoint']} (continue with --resume)")
     lines.append(f"figures         : {figures}" if figures else
-                 f"figures         : python -m train.plot {s['out']} --out {s['out']}/figures")
+                 "figures         : python -m horovod_micro_train.plot "
+                 f"{s['out']} --out {s['out']}/figures")
     return "\n".join(lines)
 
 

@@ -1,7 +1,7 @@
 """Models of the MiCRO paper's experiments (CIFAR, 32x32 inputs) and the embedded default.
 
-``from train.models import resnet18; model = resnet18(num_classes=10)``, or by name through
-:func:`build_model` (what ``--model`` selects).
+``from horovod_micro_train.models import resnet18; model = resnet18(num_classes=10)``, or by
+name through :func:`build_model` (what ``--model`` selects).
 """
 
 from __future__ import annotations

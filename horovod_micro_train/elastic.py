@@ -1,7 +1,7 @@
-"""``python -m train --elastic``: the training loop under Elastic Horovod.
+"""``python -m horovod_micro_train --elastic``: the training loop under Elastic Horovod.
 
     horovodrun -np 2 --min-np 2 --max-np 4 --host-discovery-script ./discover.sh \\
-        python -m train --elastic --commit-every 10 ...
+        python -m horovod_micro_train --elastic --commit-every 10 ...
 
 The loop runs inside ``hvd.elastic.run`` with an ``hvd.elastic.TorchState`` holding the
 model, the ``hvm.DistributedOptimizer`` (residual, controller and iteration included:
@@ -13,11 +13,11 @@ test shard and the linearly scaled learning rate follow the new number of ranks,
 epoch continues at its committed step (on the new shards, so the rest of that epoch is
 drawn from a new shuffle of the same epoch: a few samples may repeat or be skipped).
 
-Records: rank 0 appends its own rows (no per-epoch max/mean over ranks, which needs a
-fixed set of ranks) to ``iterations.jsonl`` at each commit, with a ``world_size`` field,
-so the file holds exactly the committed iterations; ``membership.jsonl`` gets one record
-per (re)start: iteration, epoch, world size. ``python -m train.plot`` draws a vertical
-line at each membership change.
+Records: rank 0 appends its own rows (no per-epoch max/mean over ranks, which needs a fixed set
+of ranks) to ``iterations.jsonl`` at each commit, with a ``world_size`` field, so the file holds
+exactly the committed iterations; ``membership.jsonl`` gets one record per (re)start: iteration,
+epoch, world size. ``python -m horovod_micro_train.plot`` draws a vertical line at each
+membership change.
 
 Not under ``--elastic``: file checkpoints and ``--resume`` (a checkpoint holds one
 residual per rank of a fixed world size), and CIFAR's ``--download`` (a barrier before the
@@ -128,7 +128,7 @@ def run_elastic(args: argparse.Namespace) -> dict:
 
     train(state)
     summary = summarize(out) if hvd.rank() == 0 else {}
-    return hvd.broadcast_object(summary, root_rank=0, name="train.summary")
+    return hvd.broadcast_object(summary, root_rank=0, name="horovod_micro_train.summary")
 
 
 def _epoch_steps(ctx: Context, args: argparse.Namespace) -> int:

@@ -9,8 +9,8 @@ rank, not the O(n N) of broadcasting every part to every rank), and rank 0 write
 file, so resuming needs no shared filesystem; on ``--resume`` rank 0 reads the file and
 sends each rank its own part the same way. Resuming thus continues exactly the
 uninterrupted run. The file is written atomically and verified when read
-(:mod:`train.checkpoint_file`): a crash mid-write keeps the previous checkpoint, and a
-damaged file is a :class:`~train.cli.TrainError` naming it, on every rank.
+(:mod:`horovod_micro_train.checkpoint_file`): a crash mid-write keeps the previous checkpoint, and a
+damaged file is a :class:`~horovod_micro_train.cli.TrainError` naming it, on every rank.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import torch
 from .checkpoint_file import read_verified, write_atomically
 from .cli import TrainError
 
-FORMAT = 2  # 2: with a SHA-256 of the contents (train.checkpoint_file)
+FORMAT = 2  # 2: with a SHA-256 of the contents (horovod_micro_train.checkpoint_file)
 SPARSE_KEY = "horovod_micro"  # where hvm.DistributedOptimizer.state_dict keeps its state
 
 
@@ -99,11 +99,11 @@ def save(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     """Write the checkpoint (collective: every rank calls it; rank 0 writes).
 
     ``counters`` holds the epoch to start from (also the sampler's next epoch), the global
-    iteration, the cumulative training time and the run's arguments. Every rank's part is
-    taken at the same point, after the same ``counters["iteration"]`` steps, so each
-    residual shard belongs to the weights in the file. The file is replaced atomically
-    (:mod:`train.checkpoint_file`); when this returns on any rank the new checkpoint is
-    durable, and a failed write raises :class:`TrainError` on every rank.
+    iteration, the cumulative training time and the run's arguments. Every rank's part is taken
+    at the same point, after the same ``counters["iteration"]`` steps, so each residual shard
+    belongs to the weights in the file. The file is replaced atomically
+    (:mod:`horovod_micro_train.checkpoint_file`); when this returns on any rank the new
+    checkpoint is durable, and a failed write raises :class:`TrainError` on every rank.
     """
     opt_state = optimizer.state_dict()
     ranks = _gather_to_root(_rank_state(model, opt_state), name="train.ckpt.gather")

@@ -14,7 +14,7 @@ numbers or fail with a traceback from deep inside torch. So:
   value pickled), because torch's zip reader does not check the CRCs it writes: a flipped
   byte inside a tensor loads silently. :func:`read_verified` turns every way a file can be
   wrong (missing, empty, truncated, garbage, another kind of file, a checksum mismatch)
-  into a :class:`~train.cli.TrainError` that names the file.
+  into a :class:`~horovod_micro_train.cli.TrainError` that names the file.
 
 Test-only knob: ``TRAIN_TEST_PAUSE_IN_CHECKPOINT=EPOCH`` makes the writing process stop
 inside the write of the checkpoint that completes epoch ``EPOCH``, once the first 4 KiB of
@@ -85,7 +85,7 @@ def write_atomically(path: Path, payload: dict, epoch: int | None = None) -> Non
 
 def read_verified(path: Path) -> dict:
     """The payload of ``path`` without its digest; :class:`TrainError` naming ``path``
-    for anything but an intact checkpoint of ``python -m train``."""
+    for anything but an intact checkpoint of ``python -m horovod_micro_train``."""
     if not path.is_file():
         raise TrainError(f"no checkpoint at {path}")
     if path.stat().st_size == 0:
@@ -99,7 +99,7 @@ def read_verified(path: Path) -> dict:
                          f"({type(exc).__name__}: {reason[:200]})") from None
     if (not isinstance(payload, dict) or not isinstance(payload.get("format"), int)
             or "model" not in payload):
-        raise TrainError(f"{path} is not a checkpoint written by python -m train")
+        raise TrainError(f"{path} is not a checkpoint written by python -m horovod_micro_train")
     stored = payload.pop(DIGEST_KEY, None)
     if payload["format"] >= 2 and stored != digest(payload):
         raise TrainError(f"checkpoint {path} is corrupt: its contents do not match the "

@@ -25,7 +25,7 @@ EPOCHS_FILE = "epochs.jsonl"
 #: Test evaluations against training time: one per ``--eval-every`` iterations and one at
 #: the end of every epoch (accuracy-against-time curves, ``bench/time_to_accuracy.py``).
 EVALS_FILE = "evals.jsonl"
-#: ``python -m train --elastic`` only: one record per (re)start of the worker set.
+#: ``python -m horovod_micro_train --elastic`` only: one record per (re)start of the worker set.
 MEMBERSHIP_FILE = "membership.jsonl"
 
 
@@ -45,9 +45,9 @@ class EpochBuffer:
         if not self.rows:
             return []
         maxed = _collective([[float(r[f]) for f in MAX_FIELDS] for r in self.rows], hvd.Max,
-                            "train.records.max")
+                            "horovod_micro_train.records.max")
         meaned = _collective([[_nan_if_none(r[f]) for f in MEAN_FIELDS] for r in self.rows],
-                             hvd.Average, "train.records.mean")
+                             hvd.Average, "horovod_micro_train.records.mean")
         out = []
         for row, mx, mn in zip(self.rows, maxed, meaned):
             merged = dict(row)

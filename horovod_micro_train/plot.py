@@ -1,4 +1,5 @@
-"""``python -m train.plot RUN_DIR [RUN_DIR ...] --out DIR``: the paper's figures as PNGs.
+"""``python -m horovod_micro_train.plot RUN_DIR [RUN_DIR ...] --out DIR``: the paper's figures
+as PNGs.
 
 Runs are grouped by method (compressor and density; plus model, ranks or dataset where the
 runs differ in them), and each method is one line in one colour throughout, so runs of
@@ -52,14 +53,14 @@ class Run:
         self.path = Path(path)
         if not (self.path / ITERATIONS_FILE).exists():
             raise FileNotFoundError(f"{self.path} holds no {ITERATIONS_FILE}: not a run "
-                                    "directory written by python -m train")
+                                    "directory written by python -m horovod_micro_train")
         self.config = json.loads((self.path / "run.json").read_text())
         self.iterations = read_jsonl(self.path / ITERATIONS_FILE)
         self.epochs = read_jsonl(self.path / EPOCHS_FILE)
         evals = self.path / EVALS_FILE
         #: Test accuracy against training time (the epochs' rows for older runs).
         self.evals = read_jsonl(evals) if evals.exists() else self.epochs
-        # Elastic runs (python -m train --elastic): the iterations where the set of
+        # Elastic runs (python -m horovod_micro_train --elastic): the iterations where the set of
         # workers changed, drawn as vertical lines.
         membership = self.path / MEMBERSHIP_FILE
         starts = read_jsonl(membership) if membership.exists() else []
@@ -227,7 +228,7 @@ def make_figures(run_dirs: list[Path], out: Path, target: float | None = None) -
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m train.plot", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m horovod_micro_train.plot", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", type=Path, help="run directories (--out of train)")
     parser.add_argument("--out", type=Path, default=Path("figures"), help="where PNGs go")

@@ -1,10 +1,10 @@
-"""Command line of ``python -m train`` (run it under ``horovodrun``).
+"""Command line of ``python -m horovod_micro_train`` (run it under ``horovodrun``).
 
 The flags are a stable interface (job scripts are built against :func:`build_parser`);
 docs/reproducing.md lists them. Flags left unset take the defaults of the chosen dataset's
-recipe (:data:`RECIPES`), so ``--dataset cifar10`` alone is the MiCRO paper's set-up and a
-bare ``python -m train`` is the main job: Fashion-MNIST with MiCRO, a couple of minutes on two
-CPU ranks (``--dataset digits`` is the seconds-long embedded run).
+recipe (:data:`RECIPES`), so ``--dataset cifar10`` alone is the MiCRO paper's set-up and a bare
+``python -m horovod_micro_train`` is the main job: Fashion-MNIST with MiCRO, a couple of minutes
+on two CPU ranks (``--dataset digits`` is the seconds-long embedded run).
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from horovod_micro.sparsifiers.registry import compressor_names
 
 class TrainError(RuntimeError):
     """A problem with the user's input or files (missing data, unknown compressor, bad
-    checkpoint): ``python -m train`` prints it without a traceback and exits with 2."""
+    checkpoint): ``python -m horovod_micro_train`` prints it without a traceback and exits with
+    2."""
 
 
 class DataNotFoundError(TrainError, FileNotFoundError):
@@ -51,9 +52,10 @@ RECIPES: dict[str, dict] = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The parser of ``python -m train`` (stable: job scripts are tested against it)."""
+    """The parser of ``python -m horovod_micro_train`` (stable: job scripts are tested against
+    it)."""
     p = argparse.ArgumentParser(
-        prog="python -m train",
+        prog="python -m horovod_micro_train",
         description="Train with Horovod and a gradient compressor (MiCRO by default); run "
                     "under horovodrun. Unset flags take the dataset's recipe (see RECIPES).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)

@@ -56,7 +56,8 @@ def build_datasets(name: str, data_dir: str | os.PathLike | None = None,
                    download: bool = False, seed: int = 0, synthetic_size: int = 4096,
                    cifar_classes: dict[str, type] | None = None,
                    cache_dir: str | os.PathLike | None = None) -> Datasets:
-    """The train/test :class:`Datasets` called ``name`` (digits, fashion-mnist, cifar10,
+    """The horovod_micro_train/test :class:`Datasets` called ``name`` (digits, fashion-mnist,
+    cifar10,
     cifar100, synthetic). ``data_dir`` defaults to ``data`` for CIFAR and to Debian's
     location for Fashion-MNIST. ``cifar_classes`` replaces torchvision's classes (tests
     only); ``cache_dir`` replaces Fashion-MNIST's decompressed cache (default
@@ -92,9 +93,9 @@ def digits_datasets() -> Datasets:
 
 def fashion_mnist_datasets(source: Path, cache_dir: str | os.PathLike | None = None
                            ) -> Datasets:
-    """Fashion-MNIST (60,000 + 10,000 28x28 grey images, 10 classes) read by torchvision
-    from the four idx ``.gz`` files in ``source`` (see :mod:`train.fashion_mnist`); pixels
-    scaled to [0, 1] and standardised with the training mean/std. Held as tensors: a
+    """Fashion-MNIST (60,000 + 10,000 28x28 grey images, 10 classes) read by torchvision from
+    the four idx ``.gz`` files in ``source`` (see :mod:`horovod_micro_train.fashion_mnist`);
+    pixels scaled to [0, 1] and standardised with the training mean/std. Held as tensors: a
     per-sample PIL transform would cost more than the MLPs' own step."""
     splits = fashion_mnist.load(source, cache_dir)
     train_x = splits["train"][0].float().unsqueeze(1) / 255.0

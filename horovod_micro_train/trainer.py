@@ -1,4 +1,5 @@
-"""The training loop of ``python -m train``: one process per rank under ``horovodrun``.
+"""The training loop of ``python -m horovod_micro_train``: one process per rank under
+``horovodrun``.
 
 Each iteration is timed phase by phase around the real work: data loading, forward,
 backward, the gradient exchange (``optimizer.synchronize()``, split with the optimizer's
@@ -332,7 +333,7 @@ def run(args: argparse.Namespace, cifar_classes: dict | None = None) -> dict:
         tensorboard.close()
     provenance.write_rank_record(out, ctx.model)
     summary = summarize(out) if rank0 else {}
-    return hvd.broadcast_object(summary, root_rank=0, name="train.summary")
+    return hvd.broadcast_object(summary, root_rank=0, name="horovod_micro_train.summary")
 
 
 def _mean_loss(rows: list[dict]) -> float | None:
@@ -370,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
             summary = run(args)
     except TrainError as error:  # raised alike on every rank: report once, no traceback
         if hvd.rank() == 0:
-            print(f"python -m train: error: {error}", file=sys.stderr, flush=True)
+            print(f"python -m horovod_micro_train: error: {error}", file=sys.stderr, flush=True)
         return 2
     if hvd.rank() == 0:
         from .summary import format_summary, write_figures
