@@ -112,7 +112,8 @@ class Inputs:
             if c is not None:
                 self.local[d] = max(c["select_r0"] - self.select("micro", 2, d), 0.0)
         # Fixed cost of one sparse exchange (gather + allreduce, negotiation included) per
-        # link, from collective_shapes.py (2 Gloo ranks, exact sizes) minus its wire time.
+        # link, measured on 2 Gloo ranks with exact sizes (bench/results/collective_shapes*.json)
+        # minus its wire time.
         self.lat = {}
         for rate, res in shapes.items():
             for d, r in res["gloo"].items():

@@ -41,6 +41,7 @@ Writes ``--json`` (every run, with its curve) and, with ``--figures DIR``,
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import time
 from collections.abc import Sequence
@@ -57,14 +58,37 @@ from horovod_micro.momentum import mask_momentum
 from horovod_micro.reducer import FlatLayout, SparseReducer
 from horovod_micro.sparsifiers.base import Reduction
 from horovod_micro.stats import ring_allreduce_bytes
+from horovod_micro_train.data import build_datasets
 from horovod_micro_train.models import build_model
 from horovod_micro_train.schedule import lr_at, peak_lr
 
 from .common import parse_method, takes_density
-from .iterations_ablation import evaluate, load
 
 MOMENTUM, WEIGHT_DECAY = 0.9, 1e-4
 DIAGNOSE_EVERY = 5
+
+
+def as_tensors(dataset) -> tuple[torch.Tensor, torch.Tensor]:
+    """A map-style dataset of (image, label) pairs as two stacked tensors."""
+    xs, ys = zip(*(dataset[i] for i in range(len(dataset))))
+    return torch.stack(xs), torch.tensor([int(y) for y in ys])
+
+
+@functools.cache
+def load(dataset: str, data_dir: str | None, seed: int) -> tuple:
+    """Train and test tensors and the class count, read once per process (every method
+    of a run trains on the same data)."""
+    data = build_datasets(dataset, data_dir, seed=seed)
+    return (*as_tensors(data.train), *as_tensors(data.test), data.num_classes)
+
+
+def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
+    model.eval()
+    with torch.no_grad():
+        correct = sum(int((model(x[i:i + 1000]).argmax(1) == y[i:i + 1000]).sum())
+                      for i in range(0, len(x), 1000))
+    model.train()
+    return correct / len(x)
 
 
 class Gradients:

@@ -14,7 +14,7 @@ from .compression import Compression
 from .deadline import ExchangeTimeout
 from .exchange import CollectiveInputError
 from .optimizer import DistributedOptimizer
-from .sparsifiers.base import SparseGradient, Sparsifier
+from .sparsifiers.base import Sparsifier
 from .stats import StatsLog, StepStats
 
 __version__ = "0.2.0"
@@ -24,7 +24,6 @@ __all__ = [
     "Compression",
     "DistributedOptimizer",
     "ExchangeTimeout",
-    "SparseGradient",
     "Sparsifier",
     "StatsLog",
     "StepStats",

@@ -26,9 +26,8 @@ def plugin_steps(numel, steps, density):
     return {"grads": grads, "method": opt.last_stats.method}
 
 
-def compress_decompress(numel):
-    """Horovod's Compressor shape on sparsifiers: ``compress`` selects locally (no
-    communication), ``decompress`` scatters back into the tensor's shape."""
+def local_selection(numel):
+    """What each sparsifier selects from a rank's own flat tensor (no communication)."""
     from horovod_micro.exchange import Comm
 
     x = torch.randn(numel, generator=torch.Generator().manual_seed(hvd.rank())).view(-1, 10)
@@ -37,8 +36,6 @@ def compress_decompress(numel):
                          ("randomk", {"density": 0.1, "seed": 3})]:
         sparsifier = getattr(hvm.Compression, name)(**kwargs)
         sparsifier.bind(numel, Comm(prefix=f"compress.{name}"))
-        sparse, ctx = sparsifier.compress(x, iteration=1)
-        dense = sparsifier.decompress(sparse, ctx)
-        out[name] = {"indices": sparse.indices.tolist(), "values": sparse.values.tolist(),
-                     "dense": dense.tolist(), "threshold": sparsifier.threshold()}
+        indices = sparsifier.select(x.reshape(-1), 1).indices.long()
+        out[name] = {"indices": indices.tolist(), "threshold": sparsifier.threshold()}
     return out

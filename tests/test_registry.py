@@ -80,18 +80,17 @@ def test_plugin_method_reaches_the_train_parser_and_the_job_matrix():
     assert _python(matrix, plugin=False).returncode != 0
 
 
-def test_sparsifier_compress_and_decompress():
+def test_local_selection_of_each_rule():
+    """Top-k picks the k largest magnitudes, MiCRO |x| >= its threshold in the part the rank
+    owns, Random-k the same coordinates on every rank."""
     numel, n = 200, 2
-    results = run_ranks("ranks_registry:compress_decompress", np=n, kwargs={"numel": numel})
+    results = run_ranks("ranks_registry:local_selection", np=n, kwargs={"numel": numel})
     for r in results:
         x = torch.tensor(r.value["x"])
         flat = x.reshape(-1)
         for name, got in ((k, r.value[k]) for k in ("topk", "micro", "randomk")):
             idx = torch.tensor(got["indices"], dtype=torch.long)
-            torch.testing.assert_close(torch.tensor(got["values"]), flat[idx])
-            expected = torch.zeros(numel)
-            expected[idx] = flat[idx]
-            torch.testing.assert_close(torch.tensor(got["dense"]), expected.view_as(x))
+            assert len(set(idx.tolist())) == len(idx) and (idx >= 0).all() and (idx < numel).all()
             if name == "topk":  # the 20 largest magnitudes
                 assert set(idx.tolist()) == set(flat.abs().topk(20).indices.tolist())
             if name == "micro":  # |x| >= threshold in the part rank r owns at iteration 1

@@ -1,5 +1,5 @@
-"""What every sparsifier shares: configuration checks, error feedback switch, the
-Horovod-shaped ``compress``/``decompress`` pair and the hand-off to the exchange.
+"""What every sparsifier shares: configuration checks, the error-feedback switch and the
+hand-off to the exchange.
 
 A sparsifier answers three questions for the optimizer's pipeline
 (:mod:`horovod_micro.reducer`)::
@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import horovod.torch as hvd
 import torch
@@ -54,19 +54,6 @@ class Selection:
     announced: bool = True
     aux: int = 0
     selected: int | None = None
-
-
-class SparseGradient(NamedTuple):
-    """Coordinates of a flat gradient of ``numel`` elements: ``dense[indices] = values``."""
-
-    indices: torch.Tensor
-    values: torch.Tensor
-    numel: int
-
-    def to_dense(self) -> torch.Tensor:
-        dense = torch.zeros(self.numel, dtype=self.values.dtype, device=self.values.device)
-        dense[self.indices.long()] = self.values
-        return dense
 
 
 @dataclass(frozen=True)
@@ -270,21 +257,6 @@ class Sparsifier:
         if not self.fp16_values:
             return torch.zeros_like(values)
         return values - self.wire(values).to(values.dtype)
-
-    # ----- Horovod's Compressor shape ------------------------------------------------
-    def compress(self, tensor: torch.Tensor, iteration: int = 0
-                 ) -> tuple[SparseGradient, tuple]:
-        """Local selection of a flat tensor: ``(SparseGradient, ctx)``, no communication."""
-        flat = tensor.reshape(-1)
-        if self.numel != flat.numel():
-            raise ValueError(f"{self.name} is bound to {self.numel} elements, "
-                             f"got a tensor of {flat.numel()}")
-        indices = self.select(flat, iteration).indices
-        return SparseGradient(indices, flat[indices.long()], flat.numel()), (tensor.shape,)
-
-    def decompress(self, tensor: SparseGradient, ctx: tuple) -> torch.Tensor:
-        """Dense tensor of shape ``ctx[0]`` holding the sparse coordinates."""
-        return tensor.to_dense().view(ctx[0])
 
     # ----- checkpointing -------------------------------------------------------------
     def state_dict(self) -> dict:
