@@ -1,6 +1,7 @@
 """Local selection primitives shared by the sparsifiers.
 
-:class:`ThresholdSelector` is MiCRO's selection: the indices of ``|x| >= threshold`` in one
+:class:`ThresholdSelector` is the threshold methods' selection (MiCRO's and the hard
+threshold's; MiCRO's drift judge builds on it): the indices of ``|x| >= threshold`` in one
 pass, and on request the selected values with them (:meth:`ThresholdSelector.with_values`:
 written by the same pass, so a caller that needs the values reads no second time, at
 random, from a part larger than the cache).
@@ -17,16 +18,12 @@ from __future__ import annotations
 
 import ctypes
 import importlib.util
+import math
 import os
 
 import torch
 
 INT32_MAX = 2**31 - 1
-#: The drift judge's ages live in 16-bit stamps (mod 2^16): 2 bytes per coordinate beside
-#: its 4-byte value. MiCRO caps true ages at AGE_CAP and re-caps them every AGE_RECAP
-#: iterations, so no age reaches 2^16 and the difference of stamps is the age.
-AGE_CAP = 1 << 15
-AGE_RECAP = 1 << 14
 
 
 def native_library() -> ctypes.CDLL | None:
@@ -52,22 +49,6 @@ def _load_native():
 
 
 _native_select, _native_select_values = _load_native()
-
-
-def _load_drift():
-    """``hvm_select_drift16_values`` from the built kernel, or None."""
-    lib = native_library()
-    if lib is None or not hasattr(lib, "hvm_select_drift16_values"):
-        return None
-    fn = lib.hvm_select_drift16_values
-    fn.restype = ctypes.c_int64
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_float,
-                   ctypes.c_int64, ctypes.c_float, ctypes.c_int64, ctypes.c_void_p,
-                   ctypes.c_void_p, ctypes.c_int64]
-    return fn
-
-
-_native_drift = _load_drift()
 
 
 def forced_torch() -> bool:
@@ -187,87 +168,6 @@ class ThresholdSelector:
             self.capacity = int(count * 1.5) + 1
 
 
-def stamp(iteration: int) -> int:
-    """The 16-bit stamp of ``iteration`` (``iteration mod 2^16`` as an int16 value)."""
-    low = iteration & 0xFFFF
-    return low - 0x10000 if low >= 0x8000 else low
-
-
-def stamps(iterations: torch.Tensor) -> torch.Tensor:
-    """:func:`stamp` of every entry, as an int16 tensor (any integer dtype in; a stamp
-    tensor comes back unchanged)."""
-    low = iterations.to(torch.int32) & 0xFFFF
-    return (low - ((low & 0x8000) << 1)).to(torch.int16)
-
-
-def ages(last: torch.Tensor, now: int) -> torch.Tensor:
-    """``now - last`` from 16-bit stamps (int32): the true age while it is below 2^16."""
-    return (now - last.to(torch.int32)) & 0xFFFF
-
-
-def drift_scores(segment: torch.Tensor, last: torch.Tensor, now: int,
-                 wait: float) -> torch.Tensor:
-    """``segment * sqrt(wait / age)`` (signed; ``age`` from the 16-bit stamps ``last``,
-    :func:`ages`), in ``segment``'s dtype: the score :class:`DriftSelector` judges,
-    computed as the native kernel does (``wait / age``, its square root, times
-    ``segment``), which computes it for its candidates only."""
-    age = ages(last, now).to(segment.dtype)
-    # A 0-d tensor filled on the device (no host-to-device copy): ``wait / age`` is then a
-    # true division in the segment's dtype, as the kernel's. The square root is taken in
-    # float64 and rounded once (correctly rounded, as the kernel's sqrtf; torch's
-    # vectorised float32 sqrt is not always).
-    w = torch.full((), wait, dtype=segment.dtype, device=segment.device)
-    return segment * torch.sqrt((w / age).double()).to(segment.dtype)
-
-
-class DriftSelector(ThresholdSelector):
-    """MiCRO's default judge: in the owned part, ``|a_i| * sqrt(wait / age_i) >= t``.
-
-    ``age_i`` counts the iterations coordinate i has been accumulating in the residual
-    since it was last applied (``now - last[i]`` from 16-bit stamps, :func:`ages`; the same
-    on every rank), ``wait`` is the
-    mean wait at the target density (``1 / d``, or the iterations so far while fewer), so a
-    coordinate of average age scores its plain ``|a_i|``. A residual that grows because
-    the gradient keeps its sign grows like its age, a random walk of noise only like the
-    square root of it: the score ranks the first above the second, which one worker's
-    ``|a_i|`` alone cannot (its noise is that of one worker's batches, while the value
-    applied is the sum over all workers).
-
-    :meth:`bind` names this step's part (a view of ``a_t``) with its ages; passes over that
-    view judge the score and return it as the selected values, so the density controller's
-    ladder (counts among the selected values) works unchanged. Any other tensor, such as
-    those values, is selected on ``|x|`` as :class:`ThresholdSelector` does.
-    """
-
-    def __init__(self, capacity: int = 1024, use_native: bool = True):
-        super().__init__(capacity, use_native)
-        self._part: tuple[int, int, torch.Tensor, int, float] | None = None
-
-    def bind(self, part: torch.Tensor, last: torch.Tensor, now: int, wait: float) -> None:
-        self._part = (part.data_ptr(), part.numel(), last, now, wait)
-
-    def _judged(self, segment: torch.Tensor) -> bool:
-        p = self._part
-        return p is not None and segment.data_ptr() == p[0] and segment.numel() == p[1]
-
-    def __call__(self, segment, threshold, offset, numel):
-        if self._judged(segment):
-            return self.with_values(segment, threshold, offset, numel)[0]
-        return super().__call__(segment, threshold, offset, numel)
-
-    def with_values(self, segment, threshold, offset, numel):
-        if not self._judged(segment):
-            return super().with_values(segment, threshold, offset, numel)
-        _, _, last, now, wait = self._part
-        if self._takes_native(segment, numel) and _native_drift is not None \
-                and last.is_contiguous():
-            return self._native_drift(segment, last, now, wait, threshold, offset)
-        scores = drift_scores(segment, last, now, wait)
-        selected = torch.nonzero(scores.abs() >= threshold).view(-1)
-        return (selected + offset).to(index_dtype(numel)), scores.index_select(0, selected)
-
-    def _native_drift(self, segment, last, now, wait, threshold, offset):
-        n = segment.numel()
-        return self._into_buffers(lambda idx, out, cap: _native_drift(
-            segment.data_ptr(), last.data_ptr(), now, wait, n, threshold, offset, idx, out,
-            cap))
+def initial_threshold(target_count: int) -> float:
+    """The hard-threshold heuristic ``1 / (2 sqrt(k))`` (Sahu et al., NeurIPS 2021)."""
+    return 1.0 / (2.0 * math.sqrt(target_count))

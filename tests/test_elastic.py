@@ -237,8 +237,8 @@ def test_train_elastic_kill_and_add(tmp_path):
 def test_part_multipliers_map_by_overlap():
     """Each new part's log-multiplier is the overlap-weighted mean of the old parts' over
     its coordinates (computed here by expanding to one value per coordinate)."""
-    from horovod_micro.part_controller import PartController
-    from horovod_micro.partition import part_bounds
+    from horovod_micro.sparsifiers.micro.part_controller import PartController
+    from horovod_micro.sparsifiers.micro.partition import part_bounds
 
     numel = 1003
     for old_n, new_n in [(3, 2), (2, 3), (4, 4), (5, 1), (1, 7)]:

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from horovod_micro.partition import owned_part, part_bounds
 from horovod_micro.selection import ThresholdSelector, native_available
+from horovod_micro.sparsifiers.micro.partition import owned_part, part_bounds
 
 
 def reference(values, threshold, offset):
@@ -109,7 +109,7 @@ def test_drift_judge_matches_its_definition(numel, path, monkeypatch):
     values the ladder counts among) is selected on |x|."""
     from simulation import drift_score
 
-    from horovod_micro.selection import DriftSelector, stamps
+    from horovod_micro.sparsifiers.micro.drift import DriftSelector, stamps
 
     if path == "torch":
         monkeypatch.setenv("HOROVOD_MICRO_SELECT", "torch")
@@ -142,7 +142,7 @@ def test_drift_ages_are_capped_before_their_stamps_wrap():
     selection) ages above AGE_CAP become AGE_CAP, so no age reaches 2^16; others stay."""
     import horovod_micro as hvm
     from horovod_micro.loopback import LoopbackGroup
-    from horovod_micro.selection import AGE_CAP, AGE_RECAP, ages, stamps
+    from horovod_micro.sparsifiers.micro.drift import AGE_CAP, AGE_RECAP, ages, stamps
 
     micro = hvm.Compression.micro(density=0.5)
     micro.bind(4, LoopbackGroup(1).comm(0))

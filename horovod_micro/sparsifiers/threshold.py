@@ -25,9 +25,8 @@ import math
 
 import torch
 
-from ..density_controller import initial_threshold
 from ..exchange import Traffic
-from ..selection import ThresholdSelector
+from ..selection import ThresholdSelector, initial_threshold
 from .base import Reduced, Reduction, Selection, Sparsifier
 from .registry import register
 from .topk import combine_pairs

@@ -6,10 +6,10 @@ Distributed DNN Training", HiPC 2023 (arXiv:2310.00967).
 Per iteration ``t`` on rank ``r`` of ``n``:
 
 1. ``r`` owns part ``(t + r) mod n`` of the flat error-compensated gradient ``a_t``
-   (:mod:`horovod_micro.partition`) and selects ``score_i >= threshold`` there only: one
-   pass over ``N / n`` elements, no sort. The score is ``|a_t[i]|`` in the paper
+   (:mod:`.partition`) and selects ``score_i >= threshold`` there only: one pass over
+   ``N / n`` elements, no sort. The score is ``|a_t[i]|`` in the paper
    (``judge="magnitude"``); by default it is the drift score ``|a_t[i]| sqrt(wait /
-   age_i)`` (``judge="drift"``, :class:`~horovod_micro.selection.DriftSelector`), which
+   age_i)`` (``judge="drift"``, :class:`~.drift.DriftSelector`), which
    keeps the owner's judgement sound when one worker's accumulation is a noisy estimate
    of the n workers' sum (many workers).
 2. The ranks allgather their indices; parts are disjoint, so the union has exactly
@@ -24,9 +24,9 @@ Per iteration ``t`` on rank ``r`` of ``n``:
 6. The threshold is steered from what every rank knows after step 2 (the counts, and one
    integer per rank in the gather's header), so every rank holds the same controller state
    with no extra message. ``controller=`` picks the rule: ``"bounded"`` (default,
-   :mod:`horovod_micro.part_controller`: a scale-free threshold per part, corrected
+   :mod:`.part_controller`: a scale-free threshold per part, corrected
    in-step by the part's owner), ``"scale"`` (the same, uncorrected), ``"newton"`` and
-   ``"paper"`` (one shared threshold, :mod:`horovod_micro.density_controller`; "paper"
+   ``"paper"`` (one shared threshold, :mod:`.density_controller`; "paper"
    is the authors' rule as written).
 """
 
@@ -36,23 +36,15 @@ import math
 
 import torch
 
-from ..density_controller import DensityController, PaperController
-from ..exchange import SlotsGathered, Traffic, allreduce_values
-from ..part_controller import PartController
-from ..partition import owned_part, part_bounds
-from ..selection import (
-    AGE_CAP,
-    AGE_RECAP,
-    DriftSelector,
-    ThresholdSelector,
-    ages,
-    drift_scores,
-    index_dtype,
-    stamp,
-    stamps,
-)
-from .base import Reduced, Reduction, Selection, Sparsifier
-from .registry import register
+from ...exchange import SlotsGathered, Traffic, allreduce_values
+from ...selection import ThresholdSelector, index_dtype
+from ..base import Reduced, Reduction, Selection, Sparsifier
+from ..registry import register
+from .controller import ThresholdController
+from .density_controller import DensityController, PaperController
+from .drift import AGE_CAP, AGE_RECAP, DriftSelector, ages, drift_scores, stamp, stamps
+from .part_controller import PartController
+from .partition import owned_part, part_bounds
 
 #: The density controllers ``controller=`` accepts; the first is the default.
 CONTROLLERS = ("bounded", "scale", "newton", "paper")
@@ -79,7 +71,7 @@ class MicroCompressor(Sparsifier):
         judge: what the owner of a part ranks its coordinates by. ``"drift"`` (default
             with the per-part controllers): ``|a_i| * sqrt(wait / age_i)``, the
             accumulation against how long it has been accumulating
-            (:class:`~horovod_micro.selection.DriftSelector`), so a coordinate whose
+            (:class:`~horovod_micro.sparsifiers.micro.drift.DriftSelector`), so a coordinate whose
             gradient keeps its sign wins over one whose residual is a random walk of one
             worker's noise; ``"magnitude"``: ``|a_i|``, as published (and the only judge
             of the shared-threshold controllers). The selection is still one threshold
@@ -127,7 +119,7 @@ class MicroCompressor(Sparsifier):
         # every AGE_RECAP iterations (_cap_ages), so that stamps never wrap.
         self.last: torch.Tensor | None = None
         self._capped_at: int | None = None
-        self.controller: DensityController | PaperController | PartController | None = None
+        self.controller: ThresholdController | None = None
         self.bounds: list[tuple[int, int]] = []
         self._selector = ThresholdSelector()
         self._scale = 1.0
@@ -185,7 +177,7 @@ class MicroCompressor(Sparsifier):
     def rebind(self, size: int) -> None:
         """Partition and ownership for ``size`` ranks: ``size`` new parts, and the per-part
         controller's multipliers mapped onto them by overlap
-        (:meth:`~horovod_micro.part_controller.PartController.remap`); the shared-threshold
+        (:meth:`~.part_controller.PartController.remap`); the shared-threshold
         controllers keep their one threshold (``k`` does not depend on the ranks)."""
         self._partition(size)
         if isinstance(self.controller, PartController):

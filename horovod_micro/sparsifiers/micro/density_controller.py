@@ -48,17 +48,13 @@ from dataclasses import dataclass
 
 import torch
 
-from .selection import ThresholdSelector
+from ...selection import ThresholdSelector, initial_threshold
+from .controller import check_state
 
 STATE_VERSION = 1
 # What the controller learns while it runs; everything else (gains, clamps) is code and
 # comes from the class, not from a checkpoint, so a fixed gain reaches resumed runs too.
 STATE_FIELDS = ("threshold", "alpha", "excess", "engaged")
-
-
-def initial_threshold(target_count: int) -> float:
-    """The hard-threshold heuristic ``1 / (2 sqrt(k))`` (Sahu et al., NeurIPS 2021)."""
-    return 1.0 / (2.0 * math.sqrt(target_count))
 
 
 @dataclass
@@ -183,19 +179,6 @@ class DensityController:
                              f"horovod_micro understands ({STATE_VERSION})")
         for f in STATE_FIELDS:
             setattr(self, f, state[f])
-
-
-def check_state(state: dict, name: str, accept_unnamed: bool = False) -> None:
-    """Refuse a controller state written by another controller, saying what to do."""
-    saved = state.get("controller")
-    if saved is None and accept_unnamed:
-        return
-    if saved != name:
-        saved = saved or "newton"  # unnamed states predate the option: all were newton's
-        raise ValueError(
-            f"this density controller state was written by controller={saved!r}, but this "
-            f"optimizer uses controller={name!r}; pass "
-            f"hvm.Compression.micro(..., controller={saved!r}) to resume it")
 
 
 @dataclass

@@ -68,13 +68,14 @@ from statistics import NormalDist
 
 import torch
 
-from .selection import (
+from ...selection import (
     ThresholdSelector,
     count_abs_ge,
     counts_abs_ge_many,
     counts_at_once,
     index_dtype,
 )
+from .controller import check_state
 
 STATE_VERSION = 2
 LADDER = 2.0 ** (1.0 / 64.0)
@@ -291,8 +292,6 @@ class PartController:
                 "log_multipliers": list(self.log_multipliers), "excess": self.excess}
 
     def load_state_dict(self, state: dict) -> None:
-        from .density_controller import check_state
-
         check_state(state, self.name)
         if len(state["log_multipliers"]) != len(self.sizes):
             raise ValueError(f"density controller state has {len(state['log_multipliers'])} "
