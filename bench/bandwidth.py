@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 
 from bench.common import mean, median, parse_method, random_batches, takes_density
-from bench.launch import horovodrun_cmd, run_bounded
+from horovod_micro.testing.launch import horovodrun_cmd, run_bounded
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_METHODS = ("compute", "none", "fp16", "micro", "topk", "threshold", "cltk",

@@ -143,8 +143,8 @@ class Cluster:
 
     def run(self, host: str, argv: list[str], timeout: float, *, env: dict | None = None,
             cwd: str | Path | None = None, check: bool = True) -> subprocess.CompletedProcess:
-        """Run ``argv`` in ``host``, bounded (``bench.launch.run_bounded``)."""
-        from bench.launch import run_bounded
+        """Run ``argv`` in ``host``, bounded (``horovod_micro.testing.launch.run_bounded``)."""
+        from horovod_micro.testing.launch import run_bounded
         return run_bounded(self.command(host, argv, cwd), timeout, base_env=self.env(), env=env,
                            cwd=cwd, check=check, label=f"[{host}] {' '.join(argv)}")
 

@@ -1,6 +1,7 @@
 """Shared helpers of the benchmarks: the ResNet-18 (CIFAR) model and timing utilities.
 
-Launching ranks (horovodrun command lines, bounded child processes): ``bench.launch``.
+Launching ranks (horovodrun command lines, bounded child processes):
+``horovod_micro.testing.launch``.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.launch import horovodrun_cmd, run_bounded
+from horovod_micro.testing.launch import horovodrun_cmd, run_bounded
 
 REPO = Path(__file__).resolve().parent.parent
 CONTROLLERS = ("bounded", "scale", "newton", "paper")

@@ -23,7 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.launch import horovodrun_cmd
+from horovod_micro.testing.launch import horovodrun_cmd
 
 REPO = Path(__file__).resolve().parent.parent
 VARIANTS = {"dense": ["--compressor", "none"], "micro": ["--compressor", "micro"],

@@ -36,7 +36,7 @@ runs every variant once), so their medians and paired ratios compare like with l
 * ``micro-copy``: ``zero_copy=False``, the out-of-place ``a_t`` (on float32 CPU tensors
   added and squared in one native pass, :mod:`horovod_micro.accumulate`);
 * ``micro-phases``: the defaults with the device synchronised at every phase boundary
-  (``SparseReducer.phase_sync``), so that on a GPU each phase is charged its own kernels;
+  (``HOROVOD_MICRO_SYNC_PHASES=1``), so that on a GPU each phase is charged its own kernels;
   that adds host syncs, so its total is not the step's cost (``micro``'s is).
 
 ``--device cuda`` runs the model, the batches and so the reducer on the rank's GPU
@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -63,10 +64,10 @@ from collections import defaultdict
 from pathlib import Path
 
 from bench.common import median, random_batches
-from bench.launch import horovodrun_cmd, run_bounded
+from horovod_micro.testing.launch import horovodrun_cmd, run_bounded
 
 REPO = Path(__file__).resolve().parent.parent
-#: label -> None (no exchange) or (DistributedOptimizer kwargs, reducer attributes[,
+#: label -> None (no exchange) or (DistributedOptimizer kwargs, environment[,
 #: Compression.micro kwargs])
 VARIANTS = {
     "compute": None,
@@ -75,7 +76,7 @@ VARIANTS = {
     "micro": ({}, {}),
     "micro-exact": ({}, {}, {"capacity": "exact"}),
     "micro-copy": ({"zero_copy": False}, {}),
-    "micro-phases": ({}, {"phase_sync": "device"}),
+    "micro-phases": ({}, {"HOROVOD_MICRO_SYNC_PHASES": "1"}),
 }
 SPARSE = [label for label, spec in VARIANTS.items() if spec is not None]
 POOL = 64  # random batches cycled per iteration (bench.common.random_batches)
@@ -114,14 +115,19 @@ def worker(args) -> None:
         base = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         opt = base
         if VARIANTS[label] is not None:
-            kwargs, attributes, *options = VARIANTS[label]
+            kwargs, environment, *options = VARIANTS[label]
+            saved = {name: os.environ.get(name) for name in environment}
+            os.environ.update(environment)  # read when the optimizer is built
             opt = hvm.DistributedOptimizer(
                 base, named_parameters=model.named_parameters(),
                 compression=hvm.Compression.micro(density=args.density,
                                                   **(options[0] if options else {})),
                 **kwargs)
-            for name, value in attributes.items():
-                setattr(opt._reducer, name, sync if value == "device" else value)
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name)
+                else:
+                    os.environ[name] = value
         runs[label] = {"model": model, "opt": opt, "batches": batches, "rows": [], "t": 0}
         if label == "ef-floor":  # two flat buffers cut as the reducer cuts its own
             layout = FlatLayout(list(model.named_parameters()))

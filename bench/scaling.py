@@ -11,7 +11,7 @@ workers' gradients, not on where the workers run. So one process trains one mode
   ``torch.func.vmap``;
 * a sparse method runs its *real* code: every worker has its own
   :class:`~horovod_micro.reducer.SparseReducer` (error-feedback residual, the method's
-  selection and density controller) on a :class:`~horovod_micro.loopback.LoopbackGroup`
+  selection and density controller) on a :class:`~horovod_micro.testing.loopback.LoopbackGroup`
   rank, whose collectives have Horovod's semantics in one process; the bytes per step are
   what each rank's exchange accounts (:class:`~horovod_micro.exchange.Traffic`, ring
   collectives);
@@ -53,11 +53,11 @@ from torch.func import functional_call, grad, vmap
 from torch.nn import functional as F  # noqa: N812
 
 import horovod_micro as hvm
-from horovod_micro.loopback import LoopbackGroup
 from horovod_micro.momentum import mask_momentum
 from horovod_micro.reducer import FlatLayout, SparseReducer
 from horovod_micro.sparsifiers.base import Reduction
 from horovod_micro.stats import ring_allreduce_bytes
+from horovod_micro.testing.loopback import LoopbackGroup
 from horovod_micro_train.data import build_datasets
 from horovod_micro_train.models import build_model
 from horovod_micro_train.schedule import lr_at, peak_lr

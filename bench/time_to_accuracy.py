@@ -168,7 +168,7 @@ def train_argv(job: Job, args: argparse.Namespace, out: Path) -> list[str]:
 def run_jobs(plan: list[Job], args: argparse.Namespace) -> None:
     """Run every job of ``plan`` that has no summary yet, one cluster per cell."""
     from bench.cluster import Cluster
-    from bench.launch import LaunchError, horovodrun
+    from horovod_micro.testing.launch import LaunchError, horovodrun
 
     by_cell: dict[Cell, list[Job]] = {}
     for job in plan:

@@ -1,7 +1,7 @@
 """The CUDA path on a real GPU, against the same independent
 simulations as the CPU tests (tests/simulation.py, computed on the CPU):
 
-* the reducer on CUDA tensors, n ranks in one process (horovod_micro.loopback): MiCRO with
+* the reducer on CUDA tensors, n ranks in one process (horovod_micro.testing.loopback): MiCRO with
   each controller, and every registered method, exactly as tests/test_loopback.py checks
   them on the CPU;
 * a real Horovod rank (``horovodrun -np 1``) whose collectives run on NCCL: zero-copy

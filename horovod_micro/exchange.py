@@ -129,7 +129,7 @@ class Comm:
         return f"{self.prefix}.{role}"
 
     # The three collectives every sparse exchange is built from. Everything in this module
-    # goes through them, so an in-process group (horovod_micro.loopback) can stand in for
+    # goes through them, so an in-process group (horovod_micro.testing.loopback) can stand in for
     # Horovod in unit tests of a sparsifier.
     def allgather(self, tensor: torch.Tensor, role: str) -> torch.Tensor:
         """Every rank's ``tensor`` concatenated along dim 0, in rank order."""

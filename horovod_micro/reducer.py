@@ -47,7 +47,7 @@ from .exchange import (
     with_check,
 )
 from .sparsifiers.base import Reduced, Reduction, Sparsifier
-from .stats import PhaseClock, StepStats
+from .stats import PhaseClock, StepStats, phase_sync
 
 
 def flat_dtype(dtypes) -> torch.dtype:
@@ -178,9 +178,9 @@ class SparseReducer:
         self.applied: torch.Tensor | None = None
         # What the last write-back put into each .grad (see grads_hold_the_aggregate).
         self._aggregate_grads: list[tuple[torch.nn.Parameter, torch.Tensor]] = []
-        # For benchmarks on a GPU: called at every phase boundary (torch.cuda.synchronize),
-        # so that StepStats.phases charges kernels to their own phase (stats.PhaseClock).
-        self.phase_sync: Callable[[], object] | None = None
+        # Called at every phase boundary when asked (stats.phase_sync), so that
+        # StepStats.phases charges a GPU's kernels to their own phase.
+        self.phase_sync = phase_sync(layout.device)
 
     def reduce(self, reported: int = OK) -> StepStats:
         """Exchange the current ``.grad`` of every parameter and replace it by the result.

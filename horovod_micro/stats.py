@@ -17,10 +17,14 @@ NCCL use for large messages):
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import IO
+from typing import IO, TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -122,6 +126,23 @@ class StatsLog:
         self.stream.flush()
 
 
+#: ``HOROVOD_MICRO_SYNC_PHASES=1``: on a GPU, wait for the device at every phase boundary, so
+#: that ``StepStats.phases`` charges each kernel to the phase that launched it. It adds a
+#: host synchronisation per phase: for measuring, not for training.
+SYNC_PHASES_ENV = "HOROVOD_MICRO_SYNC_PHASES"
+
+
+def phase_sync(device: torch.device) -> Callable[[], object] | None:
+    """What :class:`PhaseClock` calls at each boundary on ``device``: ``None`` unless
+    ``HOROVOD_MICRO_SYNC_PHASES=1`` and the device is a GPU (a CPU's phases are already
+    synchronous)."""
+    if os.environ.get(SYNC_PHASES_ENV) != "1" or device.type != "cuda":
+        return None
+    import torch
+
+    return torch.cuda.synchronize
+
+
 class PhaseClock:
     """Wall time of consecutive phases: ``lap(name)`` charges the time since the previous
     lap to ``name``. Two ``perf_counter`` reads per phase, so it runs on every step.
@@ -129,7 +150,7 @@ class PhaseClock:
     ``sync``: called before every reading (``torch.cuda.synchronize`` in a benchmark on a
     GPU), so that asynchronous kernels are charged to the phase that launched them rather
     than to the next one that waits. It adds a host synchronisation per phase, so the
-    reducer leaves it off outside benchmarks."""
+    reducer leaves it off unless asked (:func:`phase_sync`)."""
 
     def __init__(self, sync: Callable[[], object] | None = None) -> None:
         self.seconds: dict[str, float] = {}

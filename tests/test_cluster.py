@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from bench.cluster import STATE_ROOT, Cluster, ClusterError
-from bench.launch import horovodrun
+from horovod_micro.testing.launch import horovodrun
 
 REPO = Path(__file__).resolve().parent.parent
 CLUSTER_PY = REPO / "bench" / "cluster.py"

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.launch import horovodrun, run_bounded, tail
+from horovod_micro.testing.launch import horovodrun, run_bounded, tail
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent

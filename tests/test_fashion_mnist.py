@@ -13,7 +13,7 @@ import sys
 import pytest
 import torch
 
-from bench.launch import horovodrun_cmd, run_bounded
+from horovod_micro.testing.launch import horovodrun_cmd, run_bounded
 from horovod_micro_train import fashion_mnist
 from horovod_micro_train.cli import DataNotFoundError, TrainError, parse_args
 from horovod_micro_train.data import build_datasets

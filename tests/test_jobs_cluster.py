@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from bench.cluster import Cluster
-from bench.launch import LaunchError, horovodrun
+from horovod_micro.testing.launch import LaunchError, horovodrun
 
 REPO = Path(__file__).resolve().parent.parent
 TRAIN_ARGS = ["--epochs", "1", "--max-iters-per-epoch", "2", "--no-plots", "--progress",

@@ -1,4 +1,4 @@
-"""Every registered method on n in-process ranks (horovod_micro.loopback) equals the same
+"""Every registered method on n in-process ranks (horovod_micro.testing.loopback) equals the same
 independent simulations the multi-rank tests use: a sparsifier's unit tests in
 milliseconds, no horovodrun. (The real multi-rank tests stay: tests/test_baselines.py,
 tests/test_micro_exchange.py.)"""
@@ -13,10 +13,10 @@ from simulation import BoundedRule, rank_gradient, simulate_micro
 from test_baselines import ALL_METHODS, ITERATIONS, NUMEL, SEED, VARIANTS, check_traces
 
 import horovod_micro as hvm
-from horovod_micro.loopback import LoopbackGroup
 from horovod_micro.reducer import FlatLayout, SparseReducer
 from horovod_micro.sparsifiers import registry
 from horovod_micro.sparsifiers.base import Reduction
+from horovod_micro.testing.loopback import LoopbackGroup
 
 SPECS = {spec["label"]: spec for spec in ALL_METHODS + VARIANTS}
 
@@ -135,10 +135,18 @@ def test_loopback_collectives_follow_horovods_semantics():
     assert got[1][3] == [1.0, 2.0, 11.0, 12.0] and got[1][4] == [2, 2]
 
 
-def test_reducer_synchronises_at_every_phase_boundary_when_asked():
-    """``SparseReducer.phase_sync`` (bench.pipeline's ``micro-phases`` on a GPU) is called
+def test_reducer_synchronises_at_every_phase_boundary_when_asked(monkeypatch):
+    """``SparseReducer.phase_sync`` (``HOROVOD_MICRO_SYNC_PHASES=1`` on a GPU) is called
     once before the step and once at the end of each phase the step times; by default it
-    is off (no extra host synchronisation in training)."""
+    is off (no extra host synchronisation in training), and a CPU never needs it."""
+    from horovod_micro.stats import SYNC_PHASES_ENV, phase_sync
+
+    assert phase_sync(torch.device("cpu")) is None
+    monkeypatch.setenv(SYNC_PHASES_ENV, "1")
+    assert phase_sync(torch.device("cpu")) is None
+    assert phase_sync(torch.device("cuda", 0)) is torch.cuda.synchronize
+    monkeypatch.delenv(SYNC_PHASES_ENV)
+    assert phase_sync(torch.device("cuda", 0)) is None
 
     def body(comm):
         param = torch.nn.Parameter(torch.zeros(NUMEL))

@@ -141,8 +141,8 @@ def test_drift_ages_are_capped_before_their_stamps_wrap():
     """MiCRO keeps ages in 16-bit stamps: every AGE_RECAP iterations (and at the first
     selection) ages above AGE_CAP become AGE_CAP, so no age reaches 2^16; others stay."""
     import horovod_micro as hvm
-    from horovod_micro.loopback import LoopbackGroup
     from horovod_micro.sparsifiers.micro.drift import AGE_CAP, AGE_RECAP, ages, stamps
+    from horovod_micro.testing.loopback import LoopbackGroup
 
     micro = hvm.Compression.micro(density=0.5)
     micro.bind(4, LoopbackGroup(1).comm(0))

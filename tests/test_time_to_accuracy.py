@@ -25,7 +25,7 @@ import pytest
 from test_fashion_mnist import write_dataset
 
 from bench.cluster import clusters
-from bench.launch import run_bounded
+from horovod_micro.testing.launch import run_bounded
 from horovod_micro_train.models import build_model
 
 REPO = Path(__file__).resolve().parent.parent

@@ -26,7 +26,7 @@ import pytest
 import torch
 from multirank import REPO, run_ranks, run_script
 
-from bench.launch import horovodrun_cmd, run_bounded
+from horovod_micro.testing.launch import horovodrun_cmd, run_bounded
 from horovod_micro_train.checkpoint_file import PAUSE_ENV, read_verified
 from horovod_micro_train.cli import TrainError
 from horovod_micro_train.records import read_jsonl

@@ -16,7 +16,7 @@ import venv
 import zipfile
 from pathlib import Path
 
-from bench.launch import horovodrun_cmd, run_bounded
+from horovod_micro.testing.launch import horovodrun_cmd, run_bounded
 
 REPO = Path(__file__).resolve().parent.parent
 

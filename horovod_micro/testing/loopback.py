@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import horovod.torch as hvd
 import torch
 
-from .exchange import Comm
+from ..exchange import Comm
 
 
 class LoopbackGroup:

@@ -8,9 +8,14 @@
   and kill the whole group when it exceeds its timeout: a hang becomes an error carrying
   the output's tail, never a stuck run.
 
-The benchmarks import it as ``bench.launch`` (run as ``python -m bench.NAME`` from the
-repository root); the test harness (``tests/multirank.py``, ``tests/test_jobs.py``) does
-the same, with the repository root on pytest's ``pythonpath``. Standard library only.
+The project's benchmarks and real-rank test harness use it; so can a method author's own
+tests. Standard library only.
+
+Example: two Gloo ranks of a script, killed with their process group after 120 s::
+
+    from horovod_micro.testing.launch import horovodrun_cmd, run_bounded
+
+    proc = run_bounded(horovodrun_cmd(2, "gloo", [sys.executable, "my_test_body.py"]), 120)
 """
 
 from __future__ import annotations
