@@ -14,7 +14,6 @@ import argparse
 import inspect
 import json
 import math
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,7 +29,7 @@ import horovod_micro as hvm
 from horovod_micro.stats import StepStats
 
 from . import checkpoint, provenance
-from .cli import TrainError, compressor_names, parse_args
+from .cli import TrainError, compressor_names
 from .data import Datasets, build_datasets, eval_loader, train_loader
 from .models import build_model
 from .progress import Progress
@@ -358,24 +357,3 @@ def _log_tensorboard(tb, rows: list[dict], record: dict) -> None:
             tb.add_scalar(f"epoch/{key}", record[key], record["epoch"])
     tb.add_scalar("epoch/bytes_sent", sum(r["bytes_sent"] for r in rows), record["epoch"])
     tb.add_scalar("wall/test_accuracy", record["test_accuracy"], int(record["train_time"]))
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    hvd.init()
-    try:
-        if args.elastic:
-            from .elastic import run_elastic
-            summary = run_elastic(args)
-        else:
-            summary = run(args)
-    except TrainError as error:  # raised alike on every rank: report once, no traceback
-        if hvd.rank() == 0:
-            print(f"python -m horovod_micro_train: error: {error}", file=sys.stderr, flush=True)
-        return 2
-    if hvd.rank() == 0:
-        from .summary import format_summary, write_figures
-        figures = None if args.no_plots else write_figures(Path(args.out))
-        print(format_summary(summary, figures), flush=True)
-    sys.stderr.flush()
-    return 0
