@@ -46,8 +46,9 @@ from bench.common import mean, median, parse_method, random_batches, takes_densi
 from horovod_micro.testing.launch import horovodrun_cmd, run_bounded
 
 REPO = Path(__file__).resolve().parent.parent
-DEFAULT_METHODS = ("compute", "none", "fp16", "micro", "topk", "threshold", "cltk",
-                   "powersgd:rank=1", "powersgd:rank=4")
+#: Without --methods: compute only, Horovod's dense exchanges, and every registered method
+#: (each with its defaults; ``name:key=value`` sets an option).
+BASELINES = ("compute", "none", "fp16")
 
 
 # --------------------------------------------------------------------------------- ranks
@@ -243,7 +244,9 @@ def table(rate: str, res: dict) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rates", nargs="+", default=["100mbit", "1gbit", "none"])
-    ap.add_argument("--methods", nargs="+", default=list(DEFAULT_METHODS))
+    ap.add_argument("--methods", nargs="+", default=None,
+                    help="name[:key=value,...] (default: compute, none, fp16 and every "
+                         "registered method)")
     ap.add_argument("--densities", nargs="+", type=float, default=[0.01, 0.001])
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--model", choices=("resnet18", "wide_mlp"), default="resnet18",
@@ -267,6 +270,10 @@ def main() -> None:
                     help="print the tables of an earlier run's --json file")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.methods is None:
+        from horovod_micro.sparsifiers import registry
+
+        args.methods = [*BASELINES, *registry.names()]
     if args.quick:
         args.rounds, args.per_round, args.densities, args.batch = 1, 1, [0.001], 8
         args.sparse_warmup = 2

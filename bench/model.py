@@ -5,20 +5,11 @@ Inputs are measured (``bench/selection_cost.py`` -> selection cost, ``bench/band
 only the link bandwidth ``B`` and, for the cluster projection, the per-step latency are
 assumed.
 
-Bytes one rank sends per iteration (ring algorithms, as ``horovod_micro.stats`` counts;
-N elements, k = d N, 4-byte indices and values, h = 3 header words per gathered block):
-
-    dense (none)   2 (n-1)/n * 4N                     ring allreduce of N floats
-    fp16           2 (n-1)/n * 2N
-    micro          (n-1)/n * 4 (k + n h)              allgather of the owners' indices
-                   + 2 (n-1)/n * 4k                   allreduce of k values at the union
-                   -> < 12k + 4nh: independent of n (the ideal: 12k (n-1)/n)
-    topk           (n-1) * 4 (k + h) + (n-1) * 4k     allgather of n*k (index, value) pairs
-    threshold      same as topk with k_r = each rank's count (~k when tuned to density d)
-    cltk           (n-1)/n * 4k (pipelined ring broadcast of the leader's k indices:
-                   every rank but the last forwards 4k; mean over ranks) + 2 (n-1)/n * 4k
-    randomk        2 (n-1)/n * 4k                     indices from a shared seed
-    gtopk          log2(n) * 8k (pairwise merges) + 8k (broadcast of the result)
+Bytes the busiest rank sends per iteration: the dense ring allreduce for ``none`` and
+``fp16`` (``2 (n-1)/n * b N``), and each sparse method's own byte model,
+``Sparsifier.modeled_bytes`` (its docstring gives the formula; the tests hold it against
+real ranks). MiCRO's, with its fixed slots of ``C = ceil(1.2 k / n)`` per rank, is about
+``4 (n-1) (C + 4) + 8 (n-1) C``: independent of n (the ideal: ``12k (n-1)/n``).
 
 Iteration time, no overlap of computation and communication:
 
@@ -55,29 +46,27 @@ import json
 import math
 from pathlib import Path
 
+import horovod_micro as hvm
+from bench.common import takes_density
+from horovod_micro.sparsifiers import registry
+
 REPO = Path(__file__).resolve().parent.parent
 N = 11_173_962
 H = 3
 RATES = {"100mbit": 100e6 / 8, "1gbit": 1e9 / 8, "10gbit": 10e9 / 8, "none": math.inf}
-SPARSE = ("micro", "topk", "threshold", "cltk", "randomk", "gtopk")
+#: Bytes per element of the dense exchanges.
+DENSE = {"none": 4, "fp16": 2}
 
 
-def sent_bytes(method: str, n: int, k: float, rank_count: float | None = None) -> float:
-    """Bytes one rank sends per iteration (see the module docstring)."""
+def sent_bytes(method: str, n: int, k: float) -> float:
+    """Bytes the busiest rank sends per iteration: the dense ring allreduce for ``none``
+    and ``fp16``, else the method's own byte model (``Sparsifier.modeled_bytes``) at
+    density ``k / N``."""
     if n < 2:
         return 0.0
-    r = (n - 1) / n
-    kr = k if rank_count is None else rank_count
-    return {
-        "none": 2 * r * 4 * N,
-        "fp16": 2 * r * 2 * N,
-        "micro": r * 4 * (k + n * H) + 2 * r * 4 * k,
-        "topk": (n - 1) * 4 * (kr + H) + (n - 1) * 4 * kr,
-        "threshold": (n - 1) * 4 * (kr + H) + (n - 1) * 4 * kr,
-        "cltk": r * 4 * k + 2 * r * 4 * k,
-        "randomk": 2 * r * 4 * k,
-        "gtopk": math.log2(n) * 8 * k + 8 * k,
-    }[method]
+    if method in DENSE:
+        return 2 * (n - 1) / n * DENSE[method] * N
+    return getattr(hvm.Compression, method)(density=k / N).modeled_bytes(n, N)
 
 
 def ideal_bytes(n: int, k: float) -> float:
@@ -144,7 +133,7 @@ class Inputs:
 
 def exchange_time(inp: Inputs, method: str, n: int, d: float | None, rate: str,
                   bandwidth: float, shared_link: bool, alpha: float | None,
-                  k: float | None = None, per_rank: float | None = None) -> float:
+                  k: float | None = None) -> float:
     """Predicted time the exchange adds to an iteration (s), no overlap.
 
     ``alpha=None``: this machine's measured fixed cost per exchange for ``rate``; else
@@ -152,7 +141,7 @@ def exchange_time(inp: Inputs, method: str, n: int, d: float | None, rate: str,
     """
     d = d or 0.001
     k = d * N if k is None else k
-    wire = sent_bytes(method, n, k, per_rank) * (n if shared_link else 1) / bandwidth
+    wire = sent_bytes(method, n, k) * (n if shared_link else 1) / bandwidth
     if alpha is None:
         lat = inp.latency(method, rate, d)
     else:
@@ -193,13 +182,12 @@ def check(inp: Inputs, runs: dict[int, dict]) -> list[str]:
                 if m in ("none", "fp16"):
                     measured = (c.get("paired_x_compute", c["total"] / comp["total"]) - 1) * (
                         comp["total"])
-                    k, per_rank = None, None
+                    k = None
                 else:
                     measured = c["exchange"]
                     k = c.get("counts_r0", c.get("density_r0", d) * N)
-                    per_rank = k / n
-                model = exchange_time(inp, m, n, d, rate, RATES[rate], True, None, k, per_rank)
-                b_mod = sent_bytes(m, n, k if k is not None else N, per_rank)
+                model = exchange_time(inp, m, n, d, rate, RATES[rate], True, None, k)
+                b_mod = sent_bytes(m, n, k if k is not None else N)
                 lo_mod = n * b_mod + idle_rate * c["total"]
                 out.append(
                     f"| {n} | {rate} | {c['label']} | {measured:.3f} | {model:.3f} | "
@@ -234,7 +222,10 @@ def main() -> None:
     print("## Model check against measurements (shared-queue loopback emulation)\n")
     print("\n".join(check(inp, runs)))
 
-    methods = ["none", "fp16", "micro", "topk", "threshold", "cltk", "randomk"]
+    # Every registered method that takes a density (PowerSGD's bytes depend on the
+    # model's shapes, not on k: bench.bandwidth measures it).
+    methods = [*DENSE, *(m for m in registry.names()
+                         if takes_density(getattr(hvm.Compression, m)))]
     ns = [2, 4, 8, 16, 32, 64, 128, 256]
     print("\n## Bytes sent per rank per iteration (model), d = 0.001 and 0.01, N = "
           f"{N:,}\n")

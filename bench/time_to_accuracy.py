@@ -46,13 +46,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.common import parse_method
+from bench.common import parse_method, takes_density
 from bench.density_spread import quantile
 from horovod_micro_train.records import (
     EPOCHS_FILE,
     EVALS_FILE,
     ITERATIONS_FILE,
     TIME_FIELDS,
+    method_label,
     read_jsonl,
 )
 
@@ -90,18 +91,21 @@ class Job:
         return f"{name}{options}{d}-s{self.seed}"
 
 
-#: Methods that take no density, with their options as ``train`` flags (``powersgd:rank=2``
-#: runs ``--compressor powersgd --powersgd-rank 2``).
-NO_DENSITY = ("powersgd",)
-FLAGS = {("powersgd", "rank"): "--powersgd-rank"}
+def without_density(name: str) -> bool:
+    """A sparse method that takes no density (PowerSGD takes a rank): one run per seed,
+    not one per density."""
+    import horovod_micro as hvm
+
+    return name not in DENSE and not takes_density(getattr(hvm.Compression, name))
 
 
 def method_argv(method: str) -> list[str]:
-    """``name[:key=value,...]`` as ``python -m horovod_micro_train`` flags."""
+    """``name[:key=value,...]`` as ``python -m horovod_micro_train`` flags:
+    ``powersgd:rank=2`` runs ``--compressor powersgd --compressor-option rank=2``."""
     name, kwargs = parse_method(method)
     argv = ["--compressor", name]
     for key, value in kwargs.items():
-        argv += [FLAGS.get((name, key), "--" + key.replace("_", "-")), str(value)]
+        argv += ["--compressor-option", f"{key}={value!r}"]
     return argv
 
 
@@ -112,10 +116,10 @@ def jobs_for(cell: Cell, methods: list[str], densities: list[float], seeds: list
     out = []
     for seed in seeds:
         out += [Job(cell, m, None, seed) for m in methods
-                if m in DENSE or parse_method(m)[0] in NO_DENSITY]
+                if m in DENSE or without_density(parse_method(m)[0])]
         for d in densities:
             out += [Job(cell, m, d, seed) for m in methods
-                    if m not in DENSE and parse_method(m)[0] not in NO_DENSITY]
+                    if m not in DENSE and not without_density(parse_method(m)[0])]
     return out
 
 
@@ -210,12 +214,10 @@ def analyse_run(path: Path, targets: list[float]) -> dict:
     its = read_jsonl(path / ITERATIONS_FILE)
     evals = read_jsonl(path / EVALS_FILE)
     epochs = read_jsonl(path / EPOCHS_FILE)
-    dense = config["compressor"] in DENSE or config["compressor"] in NO_DENSITY
+    dense = config["compressor"] in DENSE or without_density(config["compressor"])
     ratios = [] if dense else sorted(r["density"] / r["target_density"] for r in its)
     density = None if dense else config["density"]
-    label = _label(config["compressor"], density)
-    if config["compressor"] == "powersgd":
-        label = f"powersgd r={config.get('powersgd_rank') or 1}"
+    label = method_label(config)
     return {
         "dir": str(path), "label": label,
         "method": config["compressor"], "density": density,
@@ -235,11 +237,6 @@ def analyse_run(path: Path, targets: list[float]) -> dict:
         "density_p90": quantile(ratios, 0.9) if ratios else None,
         "mean_density_ratio": statistics.fmean(ratios) if ratios else None,
     }
-
-
-def _label(method: str, density: float | None) -> str:
-    """``none`` or ``micro d=0.001``: how the report names a method."""
-    return method if density is None else f"{method} d={density:g}"
 
 
 def _spread(values: list[float | None]) -> dict:
@@ -347,7 +344,7 @@ def markdown(report: dict, targets: list[float]) -> str:
             acc_text = _fmt_spread(row["accuracy_at_equal_epochs"], 100, 2, "-")
             final_text = ", ".join(f"{100 * acc:.2f} (seed {seed}, {epochs} ep)"
                                    for seed, epochs, acc in row["finals"])
-            if row["method"] in NO_DENSITY:
+            if without_density(row["method"]):
                 dens, spread = "1 (low rank)", "-"
             elif row["density"] is None:
                 dens, spread = "1 (dense)", "-"

@@ -67,6 +67,11 @@ def index_dtype(numel: int) -> torch.dtype:
     return torch.int32 if numel <= INT32_MAX else torch.int64
 
 
+def index_bytes(numel: int) -> int:
+    """Bytes of one index (and header word) on the wire: :func:`index_dtype`'s size."""
+    return 4 if numel <= INT32_MAX else 8
+
+
 def count_abs_ge(x: torch.Tensor, threshold: float) -> int:
     """How many entries of ``x`` have ``|x| >= threshold``, without writing any index: the
     native kernel with a zero-capacity buffer on contiguous CPU float32 (it compares in

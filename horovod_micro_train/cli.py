@@ -10,6 +10,7 @@ on two CPU ranks (``--dataset digits`` is the seconds-long embedded run).
 from __future__ import annotations
 
 import argparse
+import ast
 from collections.abc import Sequence
 
 from horovod_micro.sparsifiers.registry import compressor_names
@@ -49,6 +50,18 @@ RECIPES: dict[str, dict] = {
     "synthetic": dict(model="resnet18", epochs=3, warmup_epochs=0.0, lr_decay_epochs=[],
                       density=0.001, workers=0, batch_size=32),
 }
+
+
+def compressor_option(text: str) -> tuple[str, object]:
+    """``KEY=VALUE`` of ``--compressor-option``: VALUE as a Python literal (``2``,
+    ``'magnitude'``, ``False``), or as the bare word when it is none (``judge=magnitude``)."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.isidentifier():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    try:
+        return key, ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        return key, value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -92,6 +105,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "step); exact: exact sizes, renegotiated every step")
     g.add_argument("--powersgd-rank", type=int, default=None, metavar="R",
                    help="PowerSGD's approximation rank (default 1)")
+    g.add_argument("--compressor-option", action="append", type=compressor_option,
+                   default=[], metavar="KEY=VALUE", dest="compressor_options",
+                   help="any keyword of hvm.Compression.NAME, VALUE a Python literal "
+                        "(repeatable): --compressor-option rank=2, judge='magnitude'")
     g.add_argument("--momentum-masking", choices=("on", "off"), default=None,
                    help="clear the momentum where a sparse aggregate arrived (default: the "
                         "method's own, on for micro; off runs MiCRO as published)")

@@ -37,6 +37,7 @@ from .records import (  # noqa: E402
     EVALS_FILE,
     ITERATIONS_FILE,
     MEMBERSHIP_FILE,
+    method_label,
     read_jsonl,
 )
 
@@ -65,9 +66,8 @@ class Run:
         membership = self.path / MEMBERSHIP_FILE
         starts = read_jsonl(membership) if membership.exists() else []
         self.resets = [(m["iteration"], m["world_size"]) for m in starts[1:]]
-        method = self.config["compressor"]
-        self.dense = method in DENSE
-        self.label = method if self.dense else f"{method} d={self.config['density']:g}"
+        self.dense = self.config["compressor"] in DENSE
+        self.label = method_label(self.config)
 
 
 class Method:

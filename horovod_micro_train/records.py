@@ -119,3 +119,22 @@ def _whole_lines(path: Path) -> list[str]:
 def read_jsonl(path: Path) -> list[dict]:
     """All records of one JSON Lines file."""
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def method_label(config: dict) -> str:
+    """How reports and figures name a run's method, from its ``run.json``: ``none``,
+    ``micro d=0.001``, ``powersgd rank=2`` (the density only for a method that takes one;
+    ``--compressor-option`` values after it)."""
+    import inspect
+
+    import horovod_micro as hvm
+
+    name = config["compressor"]
+    factory = getattr(hvm.Compression, name, None)
+    sparse = factory is not None and not isinstance(factory, type)
+    takes = sparse and "density" in inspect.signature(factory).parameters
+    label = f"{name} d={config['density']:g}" if takes else name
+    options = dict(config.get("compressor_options") or [])
+    if config.get("powersgd_rank"):
+        options.setdefault("rank", config["powersgd_rank"])
+    return " ".join([label, *(f"{k}={v}" for k, v in options.items())])

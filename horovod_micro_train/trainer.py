@@ -46,11 +46,13 @@ class UnknownCompressorError(TrainError, ValueError):
 
 def build_compression(name: str, density: float, controller: str | None = None,
                       momentum_masking: bool | None = None, judge: str | None = None,
-                      capacity: int | str | None = None, powersgd_rank: int | None = None):
+                      capacity: int | str | None = None, powersgd_rank: int | None = None,
+                      options: list[tuple[str, object]] = ()):
     """``hvm.Compression.<name>``: dense classes as they are, sparse factories called with
     ``density`` where they take one (and MiCRO with ``controller``, ``judge`` and
-    ``capacity``, PowerSGD with its rank, any method with ``momentum_masking``, when given).
-    Unknown names list what this horovod_micro offers."""
+    ``capacity``, PowerSGD with its rank, any method with ``momentum_masking``, when given),
+    plus ``options`` (``--compressor-option``: any keyword the factory takes). Unknown
+    names list what this horovod_micro offers."""
     factory = getattr(hvm.Compression, name, None)
     if factory is None or name.startswith("_"):
         raise UnknownCompressorError(
@@ -69,6 +71,12 @@ def build_compression(name: str, density: float, controller: str | None = None,
             continue
         if key not in params:
             raise TrainError(f"{flag} applies to {applies}, not --compressor {name}")
+        extra[key] = value
+    for key, value in options:
+        if key not in params or key == "density":
+            takes = ", ".join(k for k in params if k != "density") or "nothing"
+            raise TrainError(f"--compressor-option {key}: Compression.{name} takes no {key} "
+                             f"(it takes {takes}; the density is --density)")
         extra[key] = value
     if dense:
         return factory
@@ -127,7 +135,8 @@ def setup(args: argparse.Namespace, cifar_classes: dict | None = None) -> Contex
                                     None if masking is None else masking == "on",
                                     getattr(args, "judge", None),
                                     _capacity(getattr(args, "capacity", None)),
-                                    getattr(args, "powersgd_rank", None))
+                                    getattr(args, "powersgd_rank", None),
+                                    getattr(args, "compressor_options", []))
     optimizer = hvm.DistributedOptimizer(base, named_parameters=model.named_parameters(),
                                          compression=compression)
     loader, sampler = train_loader(data.train, args.batch_size, args.workers, args.seed,

@@ -37,7 +37,9 @@ REPO = Path(__file__).resolve().parent.parent
 
 PAPER_MODELS = ("resnet18", "googlenet", "senet18")
 PAPER_DATASETS = ("cifar10", "cifar100")
-# MiCRO and the baselines it is compared with; "none" is Horovod's dense allreduce.
+# The MiCRO paper's comparison: MiCRO and the baselines it measured; "none" is Horovod's
+# dense allreduce. A fact of the paper, not the list of methods: --compressors takes any
+# registered method (the training parser checks the names against the registry).
 PAPER_COMPRESSORS = ("micro", "topk", "cltk", "threshold", "randomk", "gtopk", "none")
 PAPER_DENSITIES = (0.001, 0.01)
 DENSE = ("none", "fp16")  # no density: one run per method, not one per density

@@ -13,9 +13,10 @@ from __future__ import annotations
 import torch
 
 from horovod_micro.exchange import SelectedCounts, allreduce_values
-from horovod_micro.selection import index_dtype
+from horovod_micro.selection import index_bytes, index_dtype
 from horovod_micro.sparsifiers.base import Reduced, Selection, Sparsifier
 from horovod_micro.sparsifiers.registry import register
+from horovod_micro.stats import ring_allgather_bytes, ring_allreduce_bytes
 
 
 def block(numel: int, k: int, iteration: int) -> torch.Tensor:
@@ -43,3 +44,9 @@ class CyclicBlockCompressor(Sparsifier):
         counts = SelectedCounts(gathered.per_rank, gathered.statuses, gathered.aux,
                                 selected=[chosen.numel()] * self.comm.size)
         return Reduced(chosen, values.to(acc.dtype), chosen, counts)
+
+    def modeled_bytes(self, size: int, numel: int) -> float:
+        # The 3-word header gathered, then one allreduce of k values (as Random-k).
+        header = ring_allgather_bytes([3 * index_bytes(numel)] * size, 0)[0]
+        values = self.value_bytes() * self.modeled_count(numel)
+        return header + ring_allreduce_bytes(values, size)[0]

@@ -54,6 +54,7 @@ def test_plugin_method_runs_through_the_optimizer():
         assert r.value["method"] == "cyclicblock"
         for got, want in zip(r.value["grads"], expected):
             torch.testing.assert_close(torch.tensor(got), want)
+        assert r.value["sent"] == [r.value["modeled"]] * steps  # its byte model holds
 
 
 def _python(code_or_args: list[str], plugin: bool) -> subprocess.CompletedProcess:

@@ -79,7 +79,7 @@ def test_report_states_bytes_targets_and_figures(bench):
     out, output, _ = bench
     results = json.loads((out / "results.json").read_text())
     cell = results[f"n{HOSTS}-1gbit"]
-    assert set(cell) == {"none", "micro d=0.01", "powersgd r=2"}
+    assert set(cell) == {"none", "micro d=0.01", "powersgd rank=2"}
     model = build_model("fmnist_mlp", 10)
     numel = sum(p.numel() for p in model.parameters())
     ring = 2 * (HOSTS - 1) / HOSTS * 4 * numel
@@ -91,7 +91,7 @@ def test_report_states_bytes_targets_and_figures(bench):
                   for p in model.parameters())
     header = 12 * (HOSTS - 1)
     low_rank = 2 * (HOSTS - 1) / HOSTS * 4 * numbers + header
-    assert cell["powersgd r=2"]["bytes_sent"] == pytest.approx(low_rank, rel=1e-3)
+    assert cell["powersgd rank=2"]["bytes_sent"] == pytest.approx(low_rank, rel=1e-3)
     for row in cell.values():
         first = read(Path(row["dirs"][0]) / "evals.jsonl")[0]["train_time"]
         assert row["time_to"]["0"]["mean"] == pytest.approx(first)

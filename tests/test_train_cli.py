@@ -84,3 +84,24 @@ def test_powersgd_rank_flag_reaches_the_compressor():
     assert build_compression("powersgd", 0.01, powersgd_rank=4).rank == 4
     with pytest.raises(TrainError, match="--powersgd-rank applies to powersgd"):
         build_compression("micro", 0.01, powersgd_rank=2)
+
+
+def test_compressor_options_reach_any_method():
+    """``--compressor-option KEY=VALUE`` passes any keyword the method's factory takes, as a
+    Python literal (a bare word stays a string); a keyword it does not take is refused,
+    naming what it does take."""
+    args = parse_args(["--compressor", "powersgd", "--compressor-option", "rank=3",
+                       "--compressor-option", "warm_start=False"])
+    assert args.compressor_options == [("rank", 3), ("warm_start", False)]
+    built = build_compression("powersgd", 0.01, options=args.compressor_options)
+    assert built.rank == 3 and built.warm_start is False
+    micro = build_compression("micro", 0.01, options=[("judge", "magnitude")])
+    assert micro.judge == "magnitude" and micro.density == 0.01
+    assert parse_args(["--compressor-option", "judge=magnitude"]).compressor_options == [
+        ("judge", "magnitude")]
+    with pytest.raises(TrainError, match="Compression.topk takes no rank"):
+        build_compression("topk", 0.01, options=[("rank", 2)])
+    with pytest.raises(TrainError, match="the density is --density"):
+        build_compression("micro", 0.01, options=[("density", 0.1)])
+    with pytest.raises(SystemExit):
+        parse_args(["--compressor-option", "rank"])

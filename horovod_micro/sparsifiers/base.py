@@ -258,6 +258,24 @@ class Sparsifier:
             return torch.zeros_like(values)
         return values - self.wire(values).to(values.dtype)
 
+    # ----- the byte model ------------------------------------------------------------
+    def modeled_bytes(self, size: int, numel: int) -> float:
+        """Bytes the busiest rank sends in one exchange among ``size`` ranks over a flat
+        float32 gradient of ``numel`` elements, as :attr:`StepStats.bytes_sent` counts them
+        (Horovod's ring algorithms; direct for alltoall), when every rank selects its
+        target count. Projections to other worker counts use it (``bench/model.py``); the
+        tests hold it against real ranks. Every method defines it."""
+        raise NotImplementedError(f"{self.name} defines no byte model")
+
+    def modeled_count(self, numel: int) -> int:
+        """The count each rank selects in the byte model: ``floor(density * numel)``."""
+        return math.floor(self.density * numel)
+
+    def value_bytes(self) -> int:
+        """Bytes of one value on the wire in the byte model: 2 with ``fp16_values``, else
+        float32's 4."""
+        return 2 if self.fp16_values else 4
+
     # ----- checkpointing -------------------------------------------------------------
     def state_dict(self) -> dict:
         return {}

@@ -24,7 +24,8 @@ from __future__ import annotations
 import torch
 
 from ..exchange import Traffic, allreduce_values
-from ..selection import index_dtype
+from ..selection import index_bytes, index_dtype
+from ..stats import ring_allgather_bytes, ring_allreduce_bytes
 from .base import Reduced, Reduction, Selection, Sparsifier
 from .registry import register
 from .topk import topk_indices
@@ -50,6 +51,15 @@ class CltkCompressor(Sparsifier):
     def leader(self, iteration: int) -> int:
         """The rank (in the optimizer's process set) that selects at ``iteration``."""
         return iteration % self.comm.size
+
+    def modeled_bytes(self, size: int, numel: int) -> float:
+        """The status allgather with the leader's ``k`` indices in its block (the busiest
+        sender forwards every block but a header-only one), then an allreduce of ``k``
+        values: ``b_i (k + 3 (n - 1)) + 2 (n - 1) / n * k b_v``."""
+        k, b_i = self.modeled_count(numel), index_bytes(numel)
+        blocks = [b_i * (k + 3)] + [3 * b_i] * (size - 1)
+        gather = max(ring_allgather_bytes(blocks, r)[0] for r in range(size))
+        return gather + ring_allreduce_bytes(self.value_bytes() * k, size)[0]
 
     def select(self, acc: torch.Tensor, iteration: int) -> Selection:
         if self.comm.rank != self.leader(iteration):

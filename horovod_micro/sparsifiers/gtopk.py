@@ -41,7 +41,8 @@ from __future__ import annotations
 import torch
 
 from ..exchange import SelectedCounts, Traffic, alltoall_tensor
-from ..selection import index_dtype
+from ..selection import index_bytes, index_dtype
+from ..stats import ring_allgather_bytes
 from .base import Reduced, Reduction, Selection, Sparsifier
 from .registry import register
 from .topk import topk_indices
@@ -101,6 +102,18 @@ class GtopkCompressor(Sparsifier):
                  fp16_values: bool = False, momentum_masking: bool | None = None):
         super().__init__(density, error_feedback=error_feedback, fp16_values=fp16_values,
                          momentum_masking=momentum_masking)
+
+    def modeled_bytes(self, size: int, numel: int) -> float:
+        """Rank 0, the busiest sender: the 3-word status header gathered, one down message
+        per level (``8 + k (b_i + b_v) + ceil(k / 8)`` bytes, the final set of ``k``
+        pairs with its mask bits) and Horovod's split exchange of every alltoall
+        (``4 (n - 1)`` bytes each, ``2 ceil(log2 n)`` of them): O(k log n)."""
+        if size < 2:
+            return 0
+        k, b_i, levels = self.modeled_count(numel), index_bytes(numel), (size - 1).bit_length()
+        header = ring_allgather_bytes([3 * b_i] * size, 0)[0]
+        down = 8 + k * (b_i + self.value_bytes()) + (k + 7) // 8
+        return header + levels * down + 2 * levels * 4 * (size - 1)
 
     def select(self, acc: torch.Tensor, iteration: int) -> Selection:
         # Only the count is announced; the pairs travel up and down the tree in combine.

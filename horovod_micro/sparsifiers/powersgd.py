@@ -55,7 +55,8 @@ import horovod.torch as hvd
 import torch
 
 from ..exchange import SelectedCounts, Traffic, allreduce_values
-from ..selection import index_dtype
+from ..selection import index_bytes, index_dtype
+from ..stats import ring_allgather_bytes, ring_allreduce_bytes
 from .base import Reduced, Reduction, Selection, Sparsifier
 from .registry import register
 
@@ -154,28 +155,46 @@ class PowerSGDCompressor(Sparsifier):
     def bind_shapes(self, shapes: Sequence[tuple[int, ...]]) -> None:
         self.shapes = [tuple(int(d) for d in shape) for shape in shapes]
 
-    def bind(self, numel: int, comm) -> None:
-        super().bind(numel, comm)
-        shapes = self.shapes or [(numel,)]
+    def _plan(self, numel: int) -> tuple[list[_Matrix], list[tuple[int, int]]]:
+        """The compressed matrices and the (start, end) ranges sent uncompressed, from the
+        parameters' shapes (one vector of ``numel`` when none were bound)."""
+        matrices, uncompressed = [], []
         start = p_numel = q_numel = 0
-        uncompressed = []
-        for shape in shapes:
+        for shape in self.shapes or [(numel,)]:
             size = math.prod(shape)
             rows = shape[0] if len(shape) >= 2 else size
             cols = size // rows if rows else 0
             if len(shape) >= 2 and size > self.min_compression * self.rank * (rows + cols):
-                self.matrices.append(_Matrix(start, rows, cols, p_numel, q_numel))
+                matrices.append(_Matrix(start, rows, cols, p_numel, q_numel))
                 p_numel += rows * self.rank
                 q_numel += cols * self.rank
             else:
-                uncompressed.append(torch.arange(start, start + size))
+                uncompressed.append((start, start + size))
             start += size
         if start != numel:
             raise ValueError(f"powersgd: the parameters' shapes hold {start} elements, the "
                              f"flat gradient {numel}")
-        self.p_numel, self.q_numel = p_numel, q_numel
-        self._uncompressed = (torch.cat(uncompressed) if uncompressed
-                              else torch.empty(0, dtype=torch.int64))
+        return matrices, uncompressed
+
+    def bind(self, numel: int, comm) -> None:
+        super().bind(numel, comm)
+        self.matrices, uncompressed = self._plan(numel)
+        self.p_numel = sum(m.rows * self.rank for m in self.matrices)
+        self.q_numel = sum(m.cols * self.rank for m in self.matrices)
+        self._uncompressed = (torch.cat([torch.arange(a, b) for a, b in uncompressed])
+                              if uncompressed else torch.empty(0, dtype=torch.int64))
+
+    def modeled_bytes(self, size: int, numel: int) -> float:
+        """The 3-word status header gathered, then two allreduces: every matrix's ``P``
+        (``r m`` numbers) with the uncompressed entries, and every ``Q`` (``r c``):
+        ``2 (n - 1) / n`` times ``r (m + c)`` per matrix plus the rest, independent of
+        ``n``. Needs the parameters' shapes (:meth:`bind_shapes`) to tell the matrices."""
+        matrices, uncompressed = self._plan(numel)
+        first = sum(m.rows for m in matrices) * self.rank + sum(b - a for a, b in uncompressed)
+        second = sum(m.cols for m in matrices) * self.rank
+        header = ring_allgather_bytes([3 * index_bytes(numel)] * size, 0)[0]
+        return header + sum(ring_allreduce_bytes(self.value_bytes() * count, size)[0]
+                            for count in (first, second))
 
     def sent_numbers(self) -> int:
         """The numbers this rank contributes per step: every matrix's ``r (m + c)``

@@ -32,7 +32,8 @@ from ..exchange import (
     Traffic,
     allreduce_values,
 )
-from ..selection import index_dtype
+from ..selection import index_bytes, index_dtype
+from ..stats import ring_allgather_bytes, ring_allreduce_bytes
 from .base import Reduced, Reduction, Selection, Sparsifier
 from .registry import register
 
@@ -90,6 +91,13 @@ class RandomkCompressor(Sparsifier):
         if isinstance(s, bool) or not isinstance(s, int) or s < 0:
             return f"randomk: seed must be a non-negative integer, got {s!r}"
         return super().config_error()
+
+    def modeled_bytes(self, size: int, numel: int) -> float:
+        """The 3-word status header gathered, then an allreduce of ``k`` values (no index
+        travels): ``3 b_i (n - 1) + 2 (n - 1) / n * k b_v``."""
+        header = ring_allgather_bytes([3 * index_bytes(numel)] * size, 0)[0]
+        values = self.value_bytes() * self.modeled_count(numel)
+        return header + ring_allreduce_bytes(values, size)[0]
 
     def select(self, acc: torch.Tensor, iteration: int) -> Selection:
         chosen = shared_indices(self.numel, self.target_count, self.seed, iteration)

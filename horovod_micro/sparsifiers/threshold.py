@@ -26,10 +26,10 @@ import math
 import torch
 
 from ..exchange import Traffic
-from ..selection import ThresholdSelector, initial_threshold
+from ..selection import ThresholdSelector, index_bytes, initial_threshold
 from .base import Reduced, Reduction, Selection, Sparsifier
 from .registry import register
-from .topk import combine_pairs
+from .topk import combine_pairs, gathered_pairs_bytes
 
 
 @register
@@ -86,6 +86,15 @@ class HardThresholdCompressor(Sparsifier):
 
     def rescale(self, ratio: float) -> None:
         self.lam = float(self.lam) * ratio
+
+    def modeled_bytes(self, size: int, numel: int) -> float:
+        """Top-k's exchange with each rank's count at its target ``floor(d N)`` (only
+        defined when the threshold is set from a density: a fixed ``value`` selects
+        whatever the gradient holds above it)."""
+        if self.density is None:
+            raise ValueError("threshold: the byte model needs density=, not a fixed value")
+        return gathered_pairs_bytes(size, self.modeled_count(numel), index_bytes(numel),
+                                    self.value_bytes())
 
     def select(self, acc: torch.Tensor, iteration: int) -> Selection:
         return Selection(self._selector(acc, float(self.lam), 0, self.numel))

@@ -26,7 +26,8 @@ from __future__ import annotations
 import torch
 
 from ..exchange import Gathered, Traffic, allgather_values
-from ..selection import index_dtype
+from ..selection import index_bytes, index_dtype
+from ..stats import ring_allgather_bytes
 from .base import Reduced, Reduction, Selection, Sparsifier
 from .registry import register
 
@@ -60,6 +61,14 @@ def combine_pairs(sparsifier: Sparsifier, acc: torch.Tensor, selection: Selectio
     return Reduced(union, reduction.finish_sum(summed, comm.size), own, gathered, threshold)
 
 
+def gathered_pairs_bytes(size: int, count: int, index_bytes: int, value_bytes: int) -> int:
+    """Bytes a rank sends when every rank allgathers its ``count`` (index, value) pairs
+    behind the 3-word status header (Top-k's and the hard threshold's exchange)."""
+    indices = ring_allgather_bytes([index_bytes * (count + 3)] * size, 0)[0]
+    values = ring_allgather_bytes([value_bytes * count] * size, 0)[0]
+    return indices + values
+
+
 @register
 class TopkCompressor(Sparsifier):
     """Top-k sparsification (see the module docstring).
@@ -76,6 +85,12 @@ class TopkCompressor(Sparsifier):
                  fp16_values: bool = False, momentum_masking: bool | None = None):
         super().__init__(density, error_feedback=error_feedback, fp16_values=fp16_values,
                          momentum_masking=momentum_masking)
+
+    def modeled_bytes(self, size: int, numel: int) -> float:
+        """Two allgathers: the status header and ``k`` indices per rank, then the ``k``
+        values per rank: ``(n - 1) (b_i (k + 3) + b_v k)``, O(k n)."""
+        return gathered_pairs_bytes(size, self.modeled_count(numel), index_bytes(numel),
+                                    self.value_bytes())
 
     def select(self, acc: torch.Tensor, iteration: int) -> Selection:
         return Selection(topk_indices(acc, self.target_count))
