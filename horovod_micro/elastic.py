@@ -1,4 +1,9 @@
-"""``hvd.elastic.TorchState`` support for ``hvm.DistributedOptimizer``.
+"""Elastic Horovod for ``hvm.DistributedOptimizer``: its methods and ``TorchState``'s handler.
+
+:class:`ElasticMethods` (merged into the optimizer's run-time class) re-derive what depends
+on the set's size (:meth:`~ElasticMethods.rebind`) and save and restore this process's
+whole optimizer state (:meth:`~ElasticMethods.elastic_snapshot`,
+:meth:`~ElasticMethods.elastic_restore`).
 
 Horovod's TorchState picks a handler per attribute from a registry of ``(type, handler)``
 pairs; its optimizer handler commits ``optimizer.state_dict()`` and syncs with
@@ -25,14 +30,84 @@ page, "Elastic training"):
 from __future__ import annotations
 
 import abc
+import copy
 
 import torch
 from horovod.torch.elastic import state as torch_state
 from horovod.torch.functions import broadcast_optimizer_state, broadcast_parameters
 
+from .exchange import Comm
+from .validation import check_collectively
+
 
 class ElasticOptimizer(abc.ABC):  # noqa: B024  (a marker: no abstract methods)
     """Every ``hvm.DistributedOptimizer`` is registered as one (``isinstance`` is true)."""
+
+
+class ElasticMethods:
+    """The optimizer's elastic methods, merged into ``hvm.DistributedOptimizer``'s class."""
+
+    def _check_comm(self) -> Comm:
+        return Comm(self.process_set, prefix=f"hvm.ps{self.process_set.process_set_id}.check")
+
+    def rebind(self) -> None:
+        """Re-derive everything that depends on the process set's size, collectively.
+
+        Called on every rank after an elastic reset (by the TorchState handler's sync, or
+        by the first ``synchronize()`` that sees a new size), and once under Elastic Horovod
+        in place of the construction-time check. It checks the arguments collectively,
+        re-partitions the flat gradient for the new ``n`` (ownership follows, since rank
+        ``r`` owns part ``(t + r) mod n``), maps the controller's per-part state onto the
+        new parts, and then adopts the iteration and the sparsifier's state of the set's
+        first rank, so every rank holds the same. Residuals are left as they are (the
+        documentation's usage page, "Elastic training").
+        """
+        if not self._included:
+            return
+        # On every rank, checked before or not: a newcomer's first check and a survivor's
+        # rebind are the same collectives.
+        check_collectively(self, self._named, self._groups_argument, self._check_comm())
+        self._checked = True
+        size = self.process_set.size()
+        if self._reducer is not None:
+            self._reducer.sparsifier.rebind(size)
+            self._adopt_shared_state()
+        self._bound_size = size
+
+    def elastic_snapshot(self) -> dict:
+        """This rank's whole optimizer state, copied to host-independent storage for
+        ``hvd.elastic.TorchState``'s commit: the wrapped optimizer's state and, for sparse
+        methods, this rank's residual, the iteration, the sparsifier's state and the set
+        size it was sized for. Unlike :meth:`state_dict` it is restored only into this same
+        process (:meth:`elastic_restore`), so it carries no rank check."""
+        snapshot = {"optimizer": copy.deepcopy(super(self.__class__, self).state_dict())}
+        if self._reducer is not None:
+            reducer = self._reducer
+            snapshot["sparse"] = {"size": self._bound_size,
+                                  "shared": copy.deepcopy(reducer.shared_state()),
+                                  "residual": reducer.residual.detach().clone(),
+                                  "loss_scale": self._loss_scale}
+        return snapshot
+
+    def elastic_restore(self, snapshot: dict) -> None:
+        """Back to a snapshot of this process (after a collective failed: Horovod restores
+        the last commit on every surviving rank, so model, residual and controller are all
+        from the same iteration). Gradients are dropped, since a half-done step's ``.grad``
+        must not be added to by the next backward; the next rebind adapts the state to the
+        new set size."""
+        self._load_wrapped_state(copy.deepcopy(snapshot["optimizer"]))
+        for p in self._layout.params:
+            p.grad = None
+        sparse = snapshot.get("sparse")
+        if self._reducer is not None and sparse is not None:
+            reducer = self._reducer
+            if sparse["size"] != self._bound_size:
+                reducer.sparsifier.rebind(sparse["size"])
+                self._bound_size = sparse["size"]
+            reducer.forget_views()
+            reducer.residual.copy_(sparse["residual"])
+            reducer.load_shared_state(copy.deepcopy(sparse["shared"]))
+            self._loss_scale = sparse["loss_scale"]
 
 
 class SparseOptimizerHandler(torch_state.StateHandler):

@@ -15,12 +15,16 @@ own class: its methods also use ``super(self.__class__, self)``, which would rec
 Two exchange paths:
 
 * dense compressors (``hvm.Compression.none``/``fp16``, or Horovod's own
-  ``hvd.Compression.none``/``fp16``): Horovod's behaviour. A hook per parameter starts
-  ``hvd.allreduce_async_`` as soon as the gradient is final, overlapping communication
-  with the rest of the backward pass, optionally grouped (``groups``/``num_groups``).
-* sparse compressors (``hvm.Compression.micro`` and the baselines): the whole model's
+  ``hvd.Compression.none``/``fp16``): Horovod's behaviour, per-parameter allreduces
+  started by the hooks (:mod:`horovod_micro.dense`);
+* sparse compressors (``hvm.Compression.micro`` and the others): the whole model's
   gradient is one flat vector, exchanged once per step in ``synchronize()`` by
   :class:`~horovod_micro.reducer.SparseReducer`. Hooks only count backward passes.
+
+This module holds Horovod's optimizer contract (hooks, ``synchronize``, ``step``,
+``zero_grad``, checkpoints) and the sparse path; the run-time class also takes the dense
+path's methods (:class:`~horovod_micro.dense.DenseExchange`) and Elastic Horovod's
+(:class:`~horovod_micro.elastic.ElasticMethods`).
 
 Arguments are checked collectively when the optimizer is built: every rank validates its
 own arguments, the ranks allgather what they found together with their parameter
@@ -31,11 +35,9 @@ others waiting in a collective.
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import math
 import os
-import time
 import warnings
 import weakref
 from collections import Counter
@@ -47,12 +49,13 @@ import torch
 
 from .compression import Compression, is_dense_compressor
 from .consistency import parameter_changes
-from .elastic import ElasticOptimizer
+from .dense import DenseExchange, resolve_groups
+from .elastic import ElasticMethods, ElasticOptimizer
 from .exchange import OK, PARAMS_CHANGED, CollectiveInputError, Comm
 from .momentum import mask_momentum
 from .reducer import FlatLayout, SparseReducer
 from .sparsifiers.base import Reduction, Sparsifier
-from .stats import StepStats, ring_allreduce_bytes
+from .stats import StepStats
 from .validation import check_collectively, local_errors
 
 _STATE_KEY = "horovod_micro"
@@ -69,10 +72,9 @@ _hook_owner: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 class _DistributedOptimizer(torch.optim.Optimizer):
     """Methods merged into the run-time class; see :func:`DistributedOptimizer`."""
 
-    def __init__(self, params, named_parameters, compression, backward_passes_per_step=1,
-                 op=hvd.Average, gradient_predivide_factor=1.0, groups=None,
-                 sparse_as_dense=False, process_set=hvd.global_process_set,
-                 stats_callback=None, grad_scaler=None, zero_copy=True):
+    def __init__(self, params, *, named_parameters, compression, backward_passes_per_step,
+                 op, gradient_predivide_factor, groups, sparse_as_dense, process_set,
+                 stats_callback, grad_scaler, zero_copy):
         super(self.__class__, self).__init__(params)
         self._compression = compression
         self.backward_passes_per_step = backward_passes_per_step
@@ -145,7 +147,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                           stats_callback=self._record,
                                           zero_copy=zero_copy and grad_scaler is None)
         else:
-            self._groups = _resolve_groups(groups, self._layout)
+            self._groups = resolve_groups(groups, self._layout)
         if self._sparse or hvd.size() > 1 or os.environ.get("HOROVOD_ELASTIC") == "1":
             self._register_hooks()
 
@@ -210,50 +212,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if not self._sparse and self._passes[p] == self.backward_passes_per_step:
             self._start_dense(p)
 
-    def _start_dense(self, p) -> None:
-        group = self._groups.get(p) if self._groups else None
-        if group is None:
-            self._handles[p] = self._allreduce_async(p)
-            return
-        done = [q for q in group if self._passes.get(q, 0) >= self.backward_passes_per_step]
-        if len(done) == len(group) and group not in self._handles:
-            self._handles[group] = self._grouped_allreduce_async(group)
-
     def _scale_factors(self) -> tuple[float, float]:
         if self.op == hvd.Average:
             return 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
         return 1.0, 1.0
-
-    def _allreduce_async(self, p):
-        """Start the dense exchange of ``p.grad``: Horovod's allreduce, or for a sparse
-        gradient Horovod's sparse allreduce (allgather of indices and values), or with
-        ``sparse_as_dense`` a dense allreduce whose result goes back to sparse."""
-        _take_part(p)
-        name = f"{self._comm.prefix}.{self._parameter_names[p]}"
-        if p.grad.is_sparse and not self.sparse_as_dense:
-            handle = hvd.sparse_allreduce_async(p.grad, name=name, op=self.op,
-                                                process_set=self.process_set)
-            return handle, None, None
-        grad = p.grad.to_dense() if p.grad.is_sparse else p.grad
-        compressed, ctx = self._compression.compress(grad)
-        pre, post = self._scale_factors()
-        handle = hvd.allreduce_async_(compressed, name=name, op=self.op, prescale_factor=pre,
-                                      postscale_factor=post, process_set=self.process_set)
-        return handle, ctx, compressed
-
-    def _grouped_allreduce_async(self, group):
-        for p in group:
-            _take_part(p)
-            if p.grad.is_sparse:
-                p.grad = p.grad.to_dense()
-        pairs = [self._compression.compress(p.grad) for p in group]
-        tensors = [t for t, _ in pairs]
-        pre, post = self._scale_factors()
-        handle = hvd.grouped_allreduce_async_(
-            tensors, name=f"{self._comm.prefix}.group.{self._parameter_names[group[0]]}",
-            op=self.op, prescale_factor=pre, postscale_factor=post,
-            process_set=self.process_set)
-        return handle, [c for _, c in pairs], tensors
 
     # ----- synchronize / step -------------------------------------------------------------
     def synchronize(self) -> None:
@@ -371,69 +333,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 "the optimizers of same-shaped models in the same order on every rank "
                 "(their collectives pair up by shapes and build order)")
 
-    # ----- Elastic Horovod -----------------------------------------------------------------
-    def _check_comm(self) -> Comm:
-        return Comm(self.process_set, prefix=f"hvm.ps{self.process_set.process_set_id}.check")
-
-    def rebind(self) -> None:
-        """Re-derive everything that depends on the process set's size, collectively.
-
-        Called on every rank after an elastic reset (by the TorchState handler's sync, or
-        by the first ``synchronize()`` that sees a new size), and once under Elastic Horovod
-        in place of the construction-time check. It checks the arguments collectively,
-        re-partitions the flat gradient for the new ``n`` (ownership follows, since rank
-        ``r`` owns part ``(t + r) mod n``), maps the controller's per-part state onto the
-        new parts, and then adopts the iteration and the sparsifier's state of the set's
-        first rank, so every rank holds the same. Residuals are left as they are (the
-        documentation's usage page, "Elastic training").
-        """
-        if not self._included:
-            return
-        # On every rank, checked before or not: a newcomer's first check and a survivor's
-        # rebind are the same collectives.
-        check_collectively(self, self._named, self._groups_argument, self._check_comm())
-        self._checked = True
-        size = self.process_set.size()
-        if self._reducer is not None:
-            self._reducer.sparsifier.rebind(size)
-            self._adopt_shared_state()
-        self._bound_size = size
-
-    def elastic_snapshot(self) -> dict:
-        """This rank's whole optimizer state, copied to host-independent storage for
-        ``hvd.elastic.TorchState``'s commit: the wrapped optimizer's state and, for sparse
-        methods, this rank's residual, the iteration, the sparsifier's state and the set
-        size it was sized for. Unlike :meth:`state_dict` it is restored only into this same
-        process (:meth:`elastic_restore`), so it carries no rank check."""
-        snapshot = {"optimizer": copy.deepcopy(super(self.__class__, self).state_dict())}
-        if self._reducer is not None:
-            reducer = self._reducer
-            snapshot["sparse"] = {"size": self._bound_size,
-                                  "shared": copy.deepcopy(reducer.shared_state()),
-                                  "residual": reducer.residual.detach().clone(),
-                                  "loss_scale": self._loss_scale}
-        return snapshot
-
-    def elastic_restore(self, snapshot: dict) -> None:
-        """Back to a snapshot of this process (after a collective failed: Horovod restores
-        the last commit on every surviving rank, so model, residual and controller are all
-        from the same iteration). Gradients are dropped, since a half-done step's ``.grad``
-        must not be added to by the next backward; the next rebind adapts the state to the
-        new set size."""
-        self._load_wrapped_state(copy.deepcopy(snapshot["optimizer"]))
-        for p in self._layout.params:
-            p.grad = None
-        sparse = snapshot.get("sparse")
-        if self._reducer is not None and sparse is not None:
-            reducer = self._reducer
-            if sparse["size"] != self._bound_size:
-                reducer.sparsifier.rebind(sparse["size"])
-                self._bound_size = sparse["size"]
-            reducer.forget_views()
-            reducer.residual.copy_(sparse["residual"])
-            reducer.load_shared_state(copy.deepcopy(sparse["shared"]))
-            self._loss_scale = sparse["loss_scale"]
-
     def _follow_loss_scale(self) -> None:
         """With ``grad_scaler``, keep the residual and the threshold in the units of this
         step's gradients: GradScaler doubles the scale after ``growth_interval`` clean
@@ -445,53 +344,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if scale != self._loss_scale:
             self._reducer.rescale(scale / self._loss_scale)
             self._loss_scale = scale
-
-    def _synchronize_dense(self) -> None:
-        start = time.perf_counter()
-        covered = set()
-        for key in self._handles:
-            covered.update(key if isinstance(key, tuple) else (key,))
-        for p in self._layout.params:
-            if p in covered:
-                continue
-            group = self._groups.get(p) if self._groups else None
-            if group is None:
-                self._handles[p] = self._allreduce_async(p)
-            elif group not in self._handles:
-                self._handles[group] = self._grouped_allreduce_async(group)
-            covered.update(group or (p,))
-        nbytes = 0
-        for key, (handle, ctx, sent) in self._handles.items():
-            if sent is None:  # Horovod's sparse allreduce: the handle returns the result
-                _install_sparse(key, handle())
-                nbytes += _sparse_bytes(key.grad)
-                continue
-            outputs = hvd.synchronize(handle)
-            params = key if isinstance(key, tuple) else (key,)
-            outputs = outputs if isinstance(key, tuple) else [outputs]
-            ctxs = ctx if isinstance(key, tuple) else [ctx]
-            tensors = sent if isinstance(key, tuple) else [sent]
-            for p, out, c, t in zip(params, outputs, ctxs, tensors):
-                result = self._compression.decompress(out, c)
-                if p.grad.is_sparse:  # sparse_as_dense: back to sparse for the optimizer
-                    _install_sparse(p, result.to_sparse())
-                else:
-                    p.grad.set_(result)
-                nbytes += t.numel() * t.element_size()
-        for p in self._layout.params:
-            if not p.requires_grad:
-                # Frozen after wrapping: it took part (every rank runs the same
-                # collectives), but the wrapped optimizer must not update it.
-                p.grad = None
-        numel = self._layout.numel
-        sent, received = ring_allreduce_bytes(nbytes, self.process_set.size())
-        self._record(StepStats(
-            iteration=self.last_stats.iteration + 1 if self.last_stats else 0,
-            method=getattr(self._compression, "name", type(self._compression).__name__),
-            numel=numel, target_count=numel, threshold=None,
-            rank_counts=[numel] * self.process_set.size(), global_count=numel, density=1.0,
-            target_density=1.0, bytes_sent=sent, bytes_received=received,
-            comm_time=time.perf_counter() - start))
 
     def _record(self, stats: StepStats) -> None:
         self.last_stats = stats
@@ -645,24 +497,6 @@ def _parameter_digest(params: list[torch.Tensor]) -> torch.Tensor:
     return total.cpu()
 
 
-def _take_part(p) -> None:
-    """Give ``p`` a zero gradient if backward gave it none: another rank may have one (a
-    dynamic graph), and every rank must join the same collectives."""
-    if p.grad is None:
-        p.grad = torch.zeros_like(p)
-
-
-def _install_sparse(p, aggregated: torch.Tensor) -> None:
-    """Put a sparse aggregate into ``p.grad`` (sparse tensors support no ``set_``)."""
-    p.grad.zero_().add_(aggregated)
-
-
-def _sparse_bytes(grad: torch.Tensor) -> int:
-    grad = grad.coalesce()
-    return (grad.indices().numel() * grad.indices().element_size()
-            + grad.values().numel() * grad.values().element_size())
-
-
 def _name_parameters(param_groups, named_parameters):
     all_params = [p for group in param_groups for p in group["params"]]
     if named_parameters is None:
@@ -682,19 +516,6 @@ def _name_parameters(param_groups, named_parameters):
             seen.add(id(p))
             unique.append((n, p))
     return unique
-
-
-def _resolve_groups(groups, layout: FlatLayout):
-    """Map each parameter to its fusion group (a tuple), as Horovod's ``groups`` argument."""
-    if groups is None or groups == 0:
-        return None
-    params = layout.params
-    if isinstance(groups, int):
-        size = -(-len(params) // groups)
-        chunks = [tuple(params[i:i + size]) for i in range(0, len(params), size)]
-    else:
-        chunks = [tuple(g) for g in groups]
-    return {p: chunk for chunk in chunks for p in chunk}
 
 
 def DistributedOptimizer(  # noqa: N802  (Horovod's name)
@@ -789,13 +610,18 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name)
     if not is_dense_compressor(compression) and not isinstance(compression, Sparsifier):
         raise TypeError(f"compression must be a horovod_micro or Horovod compressor, got "
                         f"{compression!r}")
-    cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
-               dict(_DistributedOptimizer.__dict__))
+    methods = {}
+    for part in (DenseExchange, ElasticMethods, _DistributedOptimizer):
+        methods.update({k: v for k, v in vars(part).items()
+                        if k not in ("__dict__", "__weakref__")})
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,), methods)
     # hvd.broadcast_optimizer_state recognises a distributed optimizer by its module and
     # then initialises state with the wrapped optimizer's own step (no exchange); saying
     # that we are one keeps a state broadcast from running a collective step.
     cls.__module__ = hvd.DistributedOptimizer.__module__
     ElasticOptimizer.register(cls)  # hvd.elastic.TorchState picks our handler
-    return cls(optimizer.param_groups, named_parameters, compression,
-               backward_passes_per_step, op, gradient_predivide_factor, groups,
-               sparse_as_dense, process_set, stats_callback, grad_scaler, zero_copy)
+    return cls(optimizer.param_groups, named_parameters=named_parameters,
+               compression=compression, backward_passes_per_step=backward_passes_per_step,
+               op=op, gradient_predivide_factor=gradient_predivide_factor, groups=groups,
+               sparse_as_dense=sparse_as_dense, process_set=process_set,
+               stats_callback=stats_callback, grad_scaler=grad_scaler, zero_copy=zero_copy)
