@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import copy
 import math
-import warnings
 from collections.abc import Callable, Sequence
 
 import torch
@@ -46,6 +45,7 @@ from .exchange import (
     Traffic,
     with_check,
 )
+from .residual_views import ResidualViews
 from .sparsifiers.base import Reduced, Reduction, Sparsifier
 from .stats import PhaseClock, StepStats, phase_sync
 
@@ -157,18 +157,8 @@ class SparseReducer:
         sparsifier.bind(layout.numel, comm)
         self.residual = torch.zeros(layout.numel, dtype=layout.dtype, device=layout.device)
         self.output = torch.zeros(layout.numel, dtype=layout.dtype, device=layout.device)
-        # Zero-copy error feedback (see _error_compensated): whether views are installed,
-        # and the residual's version counter then plus the accumulations seen since, to
-        # tell backward's in-place adds from anything else writing into the views.
-        self.zero_copy = zero_copy
-        self._views_version: int | None = None
-        self._view_accumulations = 0
-        self._starts = {id(p): start for p, (start, _) in zip(layout.params, layout.slices)}
-        # Per parameter: did its gradient come dense at the last synchronize()? Only then
-        # does it get a view: backward would silently densify a sparse gradient (an
-        # nn.Embedding(sparse=True)) into a dense .grad, where the sparse one must be
-        # refused (SPARSE_GRADIENT). So the first step always takes the out-of-place path.
-        self._dense_before = [False] * len(layout.params)
+        # Zero-copy error feedback (see _error_compensated): .grad as views of the residual.
+        self.views = ResidualViews(layout, zero_copy)
         # The output's support as this step wrote it, and the output's version counter
         # then (see _clear_output): the next step clears only those coordinates.
         self._written: tuple[torch.Tensor, torch.Tensor, int] | None = None
@@ -195,7 +185,7 @@ class SparseReducer:
         that came in its own tensor is left where it was, with the residual untouched.
         """
         clock = PhaseClock(self.phase_sync)
-        watching = self._check_views()
+        watching = self.views.check(self.residual)
         acc, status, in_place, sq_norm = self._error_compensated(watching)
         clock.lap("accumulate")
         if sq_norm is None:  # not squared on the way (zero-copy, or no native kernel)
@@ -363,10 +353,10 @@ class SparseReducer:
         in_place = True
         for i, (p, (start, _)) in enumerate(zip(self.layout.params, self.layout.slices)):
             grad = p.grad
-            self._dense_before[i] = grad is not None and not grad.is_sparse
+            self.views.dense_before[i] = grad is not None and not grad.is_sparse
             if grad is not None and grad.is_sparse:
                 status, grad = SPARSE_GRADIENT, None
-            view = grad is not None and self._is_residual_view(grad, start)
+            view = grad is not None and self.views.is_view(grad, start, self.residual)
             if not view and grad is not None and grad.requires_grad:
                 if watching:
                     # backward(create_graph=True) replaced the view by view + g_t: a_t is
@@ -396,66 +386,16 @@ class SparseReducer:
         return acc, status, False, sq_norm
 
     def forget_views(self) -> None:
-        """The residual is about to be overwritten as a whole (an elastic restore): its
-        version counter no longer tells backward's adds apart, and the gradients it served
-        are dropped; the next step starts out of place and installs views again."""
-        self._views_version = None
-        self._view_accumulations = 0
-
-    def _check_views(self) -> bool:
-        """Since the views were installed, only backward may have written into them (one
-        in-place add per accumulation, counted by :meth:`count_accumulation`). Anything
-        else (``GradScaler.unscale_`` or gradient clipping before ``synchronize()``,
-        ``zero_grad(set_to_none=False)`` on the model) acted on ``a_t``, the residual
-        included: warn, and use separate gradients from now on. Returns whether views
-        had been installed for this step."""
-        installed, self._views_version = self._views_version, None
-        if installed is None:
-            return False
-        if self.residual._version == installed + self._view_accumulations:
-            return True
-        self.zero_copy = False
-        warnings.warn(
-            "horovod_micro: .grad was modified in place between backward and "
-            "synchronize() (e.g. scaler.unscale_() or clip_grad_norm_() before "
-            "synchronize(), or model.zero_grad(set_to_none=False)). The gradients were "
-            "views of the error-feedback residual, so this step's residual was modified "
-            "too. Switching to separate gradient buffers for the rest of the run (one more "
-            "pass over the gradient per step). Call optimizer.synchronize() before such "
-            "operations, or pass zero_copy=False, to silence this.", stacklevel=4)
-        return True
+        """The residual is about to be overwritten whole (an elastic restore)."""
+        self.views.forget()
 
     def count_accumulation(self, p: torch.nn.Parameter) -> None:
         """Backward just accumulated into ``p.grad`` (a post-accumulate hook)."""
-        start = self._starts.get(id(p))
-        if (self._views_version is not None and start is not None
-                and self._is_residual_view(p.grad, start)):
-            self._view_accumulations += 1
-
-    def _is_residual_view(self, grad: torch.Tensor, start: int) -> bool:
-        # Pointer arithmetic, not a slice: this runs in a hook on every accumulation.
-        return (grad.dtype == self.residual.dtype and grad.device == self.residual.device
-                and grad.is_contiguous()
-                and grad.data_ptr()
-                == self.residual.data_ptr() + start * self.residual.element_size())
+        self.views.count_accumulation(p, self.residual)
 
     def install_residual_views(self) -> None:
-        """Make each parameter's ``.grad`` its slice of the residual ``e_t``, so that the
-        next backward accumulates ``g_t`` straight into it (the reducer then spends no pass).
-        Parameters whose dtype differs from the flat buffer's (float16 with a float32
-        residual), and those whose gradient at the last step was missing or sparse (so
-        always on the first step), keep ``.grad = None`` and take the out-of-place path. With
-        ``zero_copy`` off (or switched off by :meth:`_check_views`), every ``.grad``
-        becomes None instead."""
-        for p, view, dense in zip(self.layout.params, self.layout.views(self.residual),
-                                  self._dense_before):
-            if (self.zero_copy and dense and p.dtype == self.residual.dtype
-                    and p.requires_grad):
-                p.grad = view
-            else:
-                p.grad = None
-        self._views_version = self.residual._version if self.zero_copy else None
-        self._view_accumulations = 0
+        """Each ``.grad`` becomes its slice of the residual (:meth:`ResidualViews.install`)."""
+        self.views.install(self.residual)
 
     def _write_back(self) -> None:
         written = []
