@@ -12,10 +12,10 @@ Example::
 
 from .compression import Compression
 from .deadline import ExchangeTimeout
-from .exchange import CollectiveInputError
 from .optimizer import DistributedOptimizer
 from .sparsifiers.base import Sparsifier
 from .stats import StatsLog, StepStats
+from .status import CollectiveInputError
 
 __version__ = "0.2.0"
 

@@ -1,4 +1,4 @@
-"""Checks that every rank still runs the same sparse exchange, at no extra message.
+"""What changed in the wrapped optimizer after wrapping, checked at every exchange.
 
 Two mistakes would otherwise let ranks drift apart silently, each rank's weights taking
 its own path (Horovod's dense optimizer does not catch them either):
@@ -11,10 +11,9 @@ its own path (Horovod's dense optimizer does not catch them either):
   rank raises.
 * ``requires_grad`` toggled on some ranks only: the rank that froze a parameter neither
   contributes to nor applies its update, the others do. Every rank puts a digest of which
-  parameters are frozen (:func:`step_check`) into the header of the index gather that
-  starts each exchange (the upper bits of its status integer, so not one byte is added);
-  every rank sees every rank's digest, and if they differ, every rank raises the same
-  :class:`~horovod_micro.exchange.CollectiveInputError` (:func:`describe_disagreement`).
+  parameters are frozen into the check word of its status
+  (:func:`horovod_micro.status.step_check`), and if the ranks' words differ every rank
+  raises the same :class:`~horovod_micro.status.CollectiveInputError`.
 
 Not detectable this way: a rank calling ``step()`` more often than the others. Its extra
 exchange simply pairs with the others' next one (same names, same iteration count), and
@@ -28,25 +27,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-
-CHECK_BITS = 23  # the status integer keeps 8 bits for its code
-
-
-def step_check(params: Sequence[torch.Tensor]) -> int:
-    """The word every rank must agree on at each exchange:
-    ``sum(i + 1 for frozen parameter i) mod 2**23`` (one parameter frozen alone, or one
-    swapped for another, always changes it)."""
-    return sum(i + 1 for i, p in enumerate(params) if not p.requires_grad) % (1 << CHECK_BITS)
-
-
-def describe_disagreement(checks: Sequence[int]) -> str | None:
-    """What the ranks' :func:`step_check` words say, or None if they agree."""
-    if len(set(checks)) <= 1:
-        return None
-    return ("the ranks disagree on which parameters require a gradient (requires_grad "
-            "toggled on some ranks only; frozen-parameter digests "
-            + ", ".join(f"rank {r}: {c}" for r, c in enumerate(checks))
-            + "): freeze and unfreeze parameters on every rank alike")
 
 
 def parameter_changes(param_groups: list[dict], wrapped: set[int],

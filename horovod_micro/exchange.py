@@ -2,18 +2,18 @@
 
 Every exchange starts with one ``allgather`` of an int32 block per rank::
 
-    [status, count, aux, i_1 ... i_count]      (int64 blocks when N >= 2**31)
+    [status, count, report, i_1 ... i_count]      (int64 blocks when N >= 2**31)
 
 * the header means no rank ever contributes an empty tensor (an empty
   contribution breaks other libraries' collectives on Gloo) and gives every rank every
   other rank's count and status with no extra message;
-* ``status`` carries per-rank conditions that must be acted on collectively (NaN/Inf in
-  the gradient, a gradient this method cannot take, parameters changed after wrapping): a
-  rank that finds a problem still takes part in the collective, and then every rank
-  raises or reacts identically, so one rank's bad input never leaves the others waiting.
-  Its low 8 bits are the condition's code; the bits above hold a check word that must be
-  equal on every rank (:mod:`horovod_micro.consistency`: which parameters are frozen),
-  so ranks that froze different parameters raise too, with no byte added. (An overflow
+* ``status`` is the status word (:mod:`horovod_micro.status`): per-rank conditions that
+  must be acted on collectively (NaN/Inf in the gradient, a gradient this method cannot
+  take, parameters changed after wrapping) and a check word every rank must hold alike
+  (which parameters are frozen); every rank raises or reacts identically, so one rank's
+  bad input never leaves the others waiting;
+* ``report`` is what the rank reports about its selection, for the method's own use
+  (:class:`~horovod_micro.sparsifiers.base.Selection`). (An overflow
   that happens only on the wire, a float16 value beyond 65504 or a sum beyond the
   dtype's range, needs no status: it shows in the aggregate, which every rank holds
   identically; the reducer checks it there.)
@@ -29,7 +29,7 @@ holds each owner's count within about 10 % of ``k / n`` and sends in slots of ``
 (:class:`~horovod_micro.sparsifiers.micro.MicroCompressor`, ``capacity=``). A count with
 no such bound (a fixed threshold, MiCRO's shared-threshold controllers, whose counts
 scatter by tens of percent) would need a capacity far above the mean, so those keep exact
-variable-size blocks (:func:`gather_indices`): ``[status, count, aux, indices]``. Top-k,
+variable-size blocks (:func:`gather_indices`): ``[status, count, report, indices]``. Top-k,
 Random-k and gTop-k select exactly ``k`` per rank, so their shapes are fixed as they are.
 CLT-k's leader sends ``k`` indices and the others only a header, and the leader rotates, so
 each rank's block changes shape every step; one fixed shape would cost ``k`` slots on every
@@ -49,38 +49,9 @@ from dataclasses import dataclass, field
 import horovod.torch as hvd
 import torch
 
-from .consistency import describe_disagreement
 from .deadline import bounded, timeout_from_env
 from .stats import ring_allgather_bytes, ring_allreduce_bytes
-
-# Status codes carried in the block header. Non-zero codes above NONFINITE are errors.
-OK = 0
-NONFINITE = 1
-SPARSE_GRADIENT = 2
-GRAPH_GRADIENT = 3
-PARAMS_CHANGED = 4
-CODE_BITS = 8  # the status integer: code | check << CODE_BITS
-STATUS_MESSAGES = {
-    NONFINITE: "gradient holds NaN or Inf",
-    SPARSE_GRADIENT: "a gradient is a sparse tensor (e.g. nn.Embedding(sparse=True)); "
-    "sparse compressors need dense gradients: use sparse=False",
-    GRAPH_GRADIENT: "a gradient carries an autograd graph (backward(create_graph=True)) "
-    "while the gradients are views of the error-feedback residual; pass zero_copy=False "
-    "to DistributedOptimizer for higher-order gradients",
-    PARAMS_CHANGED: "the wrapped optimizer's parameters changed after wrapping "
-    "(param_groups edited, add_param_group, or a parameter unfrozen that was frozen when "
-    "wrapped); wrap the optimizer again after such a change",
-}
-
-
-def with_check(status: int, check: int) -> int:
-    """The header's status integer: ``status``'s code plus a check word (< 2**23) that
-    every rank must agree on (see the module docstring)."""
-    return status | (check << CODE_BITS)
-
-
-class CollectiveInputError(RuntimeError):
-    """A rank reported, through the exchange, an input that no rank can proceed with."""
+from .status import NONFINITE, raise_reported, split_status
 
 
 @dataclass
@@ -178,7 +149,7 @@ class Gathered:
 
     per_rank: list[torch.Tensor]
     statuses: list[int]
-    aux: list[int]
+    reports: list[int]
     checks: list[int] = field(default_factory=list)
 
     @property
@@ -190,24 +161,15 @@ class Gathered:
 
     def raise_errors(self) -> None:
         """Raise the same error on every rank if any rank reported one."""
-        problems = [
-            f"rank {r}: {STATUS_MESSAGES.get(s, f'status {s}')}"
-            for r, s in enumerate(self.statuses)
-            if s not in (OK, NONFINITE)
-        ]
-        disagreement = describe_disagreement(self.checks)
-        if disagreement:
-            problems.append(disagreement)
-        if problems:
-            raise CollectiveInputError("; ".join(problems))
+        raise_reported(self.statuses, self.checks)
 
 
 def gather_indices(comm: Comm, indices: torch.Tensor, status: int, traffic: Traffic,
-                   aux: int = 0, role: str = "indices") -> Gathered:
+                   report: int = 0, role: str = "indices") -> Gathered:
     """Allgather every rank's ``indices`` (1-D, any length, int32 or int64) with a status."""
     # Built on the host and copied without waiting for the device (on a GPU a tensor
     # made with device= would be a blocking copy: a host synchronisation).
-    header = torch.tensor([status, indices.numel(), aux], dtype=indices.dtype).to(
+    header = torch.tensor([status, indices.numel(), report], dtype=indices.dtype).to(
         indices.device, non_blocking=True)
     block = torch.cat([header, indices])
     start = time.perf_counter()
@@ -215,18 +177,19 @@ def gather_indices(comm: Comm, indices: torch.Tensor, status: int, traffic: Traf
     traffic.timed(role, start)
 
     host = gathered if gathered.device.type == "cpu" else gathered.cpu()
-    per_rank, statuses, checks, auxes, sizes = [], [], [], [], []
+    per_rank, statuses, checks, reports, sizes = [], [], [], [], []
     pos, head = 0, header.numel()
     for _ in range(comm.size):
-        rank_status, count, rank_aux = (int(v) for v in host[pos : pos + head])
-        statuses.append(rank_status & ((1 << CODE_BITS) - 1))
-        checks.append(rank_status >> CODE_BITS)
-        auxes.append(rank_aux)
+        rank_status, count, rank_report = (int(v) for v in host[pos : pos + head])
+        code, check = split_status(rank_status)
+        statuses.append(code)
+        checks.append(check)
+        reports.append(rank_report)
         per_rank.append(gathered[pos + head : pos + head + count])
         sizes.append((count + head) * block.element_size())
         pos += head + count
     traffic.add(ring_allgather_bytes(sizes, comm.rank))
-    return Gathered(per_rank, statuses, auxes, checks)
+    return Gathered(per_rank, statuses, reports, checks)
 
 
 def allreduce_values(comm: Comm, values: torch.Tensor, traffic: Traffic, op,
@@ -277,7 +240,7 @@ class SelectedCounts(Gathered):
 
 
 #: Integers ahead of the index slots in a fixed-capacity block:
-#: ``status, count (slots in use), aux, selected (the count before the capacity cut)``.
+#: ``status, count (slots in use), report, selected (the count before the capacity cut)``.
 FIXED_HEADER = 4
 
 
@@ -294,10 +257,10 @@ class SlotsGathered(SelectedCounts):
 
 
 def gather_slots(comm: Comm, indices: torch.Tensor, capacity: int, status: int,
-                 traffic: Traffic, aux: int = 0, selected: int | None = None,
+                 traffic: Traffic, report: int = 0, selected: int | None = None,
                  role: str = "indices") -> SlotsGathered:
     """Allgather every rank's ``indices`` (at most ``capacity``) in a block of one fixed
-    shape, ``[status, count, aux, selected, i_1 ... i_count, 0 ...]``: the unused slots
+    shape, ``[status, count, report, selected, i_1 ... i_count, 0 ...]``: the unused slots
     hold index 0 and are marked unused by ``count``. The shape and the name are the same
     every step, so Horovod's response cache recognises the collective and skips its
     negotiation, and NCCL can run it as one allgather. One host read per step: the
@@ -306,7 +269,7 @@ def gather_slots(comm: Comm, indices: torch.Tensor, capacity: int, status: int,
     if count > capacity:
         raise ValueError(f"{count} indices do not fit a capacity of {capacity}")
     block = torch.zeros(FIXED_HEADER + capacity, dtype=indices.dtype, device=indices.device)
-    header = torch.tensor([status, count, aux, count if selected is None else selected],
+    header = torch.tensor([status, count, report, count if selected is None else selected],
                           dtype=indices.dtype).to(indices.device, non_blocking=True)
     block[:FIXED_HEADER] = header
     block[FIXED_HEADER:FIXED_HEADER + count] = indices
@@ -322,9 +285,9 @@ def gather_slots(comm: Comm, indices: torch.Tensor, capacity: int, status: int,
     valid = positions < gathered[:, 1:2]
     return SlotsGathered(
         per_rank=[slots[r, :head[1]] for r, head in enumerate(heads)],
-        statuses=[head[0] & ((1 << CODE_BITS) - 1) for head in heads],
-        aux=[head[2] for head in heads],
-        checks=[head[0] >> CODE_BITS for head in heads],
+        statuses=[split_status(head[0])[0] for head in heads],
+        reports=[head[2] for head in heads],
+        checks=[split_status(head[0])[1] for head in heads],
         slots=slots, valid=valid, selected=[head[3] for head in heads])
 
 

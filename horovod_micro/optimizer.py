@@ -51,11 +51,12 @@ from .compression import Compression, is_dense_compressor
 from .consistency import parameter_changes
 from .dense import DenseExchange, resolve_groups
 from .elastic import ElasticMethods, ElasticOptimizer
-from .exchange import OK, PARAMS_CHANGED, CollectiveInputError, Comm
+from .exchange import Comm
 from .momentum import mask_momentum
 from .reducer import FlatLayout, SparseReducer
 from .sparsifiers.base import Reduction, Sparsifier
 from .stats import StepStats
+from .status import OK, PARAMS_CHANGED, CollectiveInputError
 from .validation import check_collectively, local_errors
 
 _STATE_KEY = "horovod_micro"

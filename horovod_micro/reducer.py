@@ -8,7 +8,7 @@ Two N-sized flat buffers, the residual ``e_t`` and the output, trade roles every
 no third copy exists. The error-compensated gradient ``a_t = g_t + e_t`` is built in one
 pass over N into the output buffer, which the optimizer no longer needs, so the residual
 stays untouched until the exchange has succeeded: a collective error
-(:class:`~horovod_micro.exchange.CollectiveInputError`, raised on every rank) leaves the
+(:class:`~horovod_micro.status.CollectiveInputError`, raised on every rank) leaves the
 reducer exactly as it was before the step. After the exchange ``a_t``'s buffer becomes the
 residual, keeping ``a_t`` except at the coordinates this rank sent, and the old residual's
 buffer becomes the output: the aggregated sparse gradient, whose slices are installed as
@@ -35,19 +35,11 @@ from collections.abc import Callable, Sequence
 import torch
 
 from .accumulate import add_and_square
-from .consistency import step_check
-from .exchange import (
-    GRAPH_GRADIENT,
-    NONFINITE,
-    OK,
-    SPARSE_GRADIENT,
-    Comm,
-    Traffic,
-    with_check,
-)
+from .exchange import Comm, Traffic
 from .residual_views import ResidualViews
 from .sparsifiers.base import Reduced, Reduction, Sparsifier
 from .stats import PhaseClock, StepStats, phase_sync
+from .status import GRAPH_GRADIENT, NONFINITE, OK, SPARSE_GRADIENT, step_check, with_check
 
 
 def flat_dtype(dtypes) -> torch.dtype:

@@ -41,7 +41,7 @@ class CyclicBlockCompressor(Sparsifier):
         chosen = selection.indices.long()
         values = allreduce_values(self.comm, self.wire(acc.index_select(0, chosen)), traffic,
                                   reduction.op, reduction.prescale, reduction.postscale)
-        counts = SelectedCounts(gathered.per_rank, gathered.statuses, gathered.aux,
+        counts = SelectedCounts(gathered.per_rank, gathered.statuses, gathered.reports,
                                 selected=[chosen.numel()] * self.comm.size)
         return Reduced(chosen, values.to(acc.dtype), chosen, counts)
 

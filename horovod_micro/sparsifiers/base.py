@@ -14,9 +14,9 @@ A sparsifier answers three questions for the optimizer's pipeline
                                  threshold update from the global count)
 
 The protocol between them is the base class's :meth:`Sparsifier.exchange`, the same for
-every method: one index gather of ``[status, count, aux, indices]`` per rank (the indices
+every method: one index gather of ``[status, count, report, indices]`` per rank (the indices
 only if the method announces them), after which every rank raises the same
-:class:`~horovod_micro.exchange.CollectiveInputError` if any rank reported a bad input, and
+:class:`~horovod_micro.status.CollectiveInputError` if any rank reported a bad input, and
 the reducer reads the NaN/Inf flags from the same gather. A method's :meth:`combine` then
 sees every rank's announced indices and header integer, never a hidden attribute left over
 from ``select``.
@@ -44,15 +44,17 @@ class Selection:
         announced: whether they travel in the index gather. False for methods whose
             coordinates every rank knows already (Random-k's shared seed) or that travel
             another way (gTop-k's tree): only the header goes out.
-        aux: one integer every rank sees in the gather's header: MiCRO's count above the
-            probe threshold, Random-k's checksum of its coordinates, gTop-k's count.
+        report: what this rank reports about its selection to every rank, one integer in
+            the gather's header, for the method's own use: MiCRO's count above its probe
+            threshold (its controller's update), Random-k's checksum of the coordinates it
+            drew (every rank must have drawn the same).
         selected: how many coordinates the threshold picked before a capacity cut kept
             ``indices`` (None: no cut, ``len(indices)``).
     """
 
     indices: torch.Tensor
     announced: bool = True
-    aux: int = 0
+    report: int = 0
     selected: int | None = None
 
 
@@ -219,10 +221,10 @@ class Sparsifier:
         :meth:`combine`."""
         sent = selection.indices if selection.announced else selection.indices[:0]
         if self.slots is None:
-            gathered = gather_indices(self.comm, sent, status, traffic, aux=selection.aux)
+            gathered = gather_indices(self.comm, sent, status, traffic, report=selection.report)
         else:
             gathered = gather_slots(self.comm, sent, self.slots, status, traffic,
-                                    aux=selection.aux, selected=selection.selected)
+                                    report=selection.report, selected=selection.selected)
         gathered.raise_errors()
         return self.combine(acc, selection, gathered, iteration, reduction, traffic)
 

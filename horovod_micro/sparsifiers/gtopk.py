@@ -118,7 +118,7 @@ class GtopkCompressor(Sparsifier):
     def select(self, acc: torch.Tensor, iteration: int) -> Selection:
         # Only the count is announced; the pairs travel up and down the tree in combine.
         indices = topk_indices(acc, self.target_count)
-        return Selection(indices, announced=False, aux=indices.numel())
+        return Selection(indices, announced=False)
 
     # ----- messages: [count int64][indices][values][mask bits] as one uint8 tensor -------
     def _pack(self, idx, val, mask=None) -> torch.Tensor:
@@ -178,7 +178,8 @@ class GtopkCompressor(Sparsifier):
             if r % step == 0:  # active at this level: A(r, level) from A(r, level + 1)
                 alive = alive & torch.isin(final_idx, path[level])
 
-        counts = SelectedCounts(gathered.per_rank, gathered.statuses, gathered.aux,
-                                selected=list(gathered.aux))
+        # Every rank selects its top k (the same k everywhere).
+        counts = SelectedCounts(gathered.per_rank, gathered.statuses, gathered.reports,
+                                selected=[indices.numel()] * n)
         values = reduction.finish_sum(final_val.clone(), n)
         return Reduced(final_idx, values, final_idx[alive], counts)

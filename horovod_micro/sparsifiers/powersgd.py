@@ -226,7 +226,7 @@ class PowerSGDCompressor(Sparsifier):
     def combine(self, acc, selection, gathered, iteration, reduction: Reduction,
                 traffic: Traffic) -> Reduced:
         n = self.comm.size
-        counts = SelectedCounts(gathered.per_rank, gathered.statuses, gathered.aux,
+        counts = SelectedCounts(gathered.per_rank, gathered.statuses, gathered.reports,
                                 gathered.checks, selected=[self.numel] * n)
         if gathered.nonfinite():  # every rank knows from the header: nothing travels
             empty = acc[:0]

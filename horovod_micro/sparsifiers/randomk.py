@@ -13,7 +13,7 @@ uniform integers, deduplicate, repeat until ``k`` distinct, then keep a uniforml
 equally likely. Above ``d = 0.5`` a permutation of ``N`` is as cheap and is used instead.
 
 The status allgather carries only the 3-int header, with a checksum of the drawn indices
-in ``aux``: if the ranks ever disagree (different iteration counters, e.g. after loading
+in ``report``: if the ranks ever disagree (different iteration counters, e.g. after loading
 different checkpoints), every rank raises instead of summing unrelated coordinates.
 Every rank's value goes into the aggregate at every drawn coordinate, so every rank zeroes
 its residual there.
@@ -26,14 +26,10 @@ from __future__ import annotations
 
 import torch
 
-from ..exchange import (
-    CollectiveInputError,
-    SelectedCounts,
-    Traffic,
-    allreduce_values,
-)
+from ..exchange import SelectedCounts, Traffic, allreduce_values
 from ..selection import index_bytes, index_dtype
 from ..stats import ring_allgather_bytes, ring_allreduce_bytes
+from ..status import CollectiveInputError
 from .base import Reduced, Reduction, Selection, Sparsifier
 from .registry import register
 
@@ -102,17 +98,17 @@ class RandomkCompressor(Sparsifier):
     def select(self, acc: torch.Tensor, iteration: int) -> Selection:
         chosen = shared_indices(self.numel, self.target_count, self.seed, iteration)
         return Selection(chosen.to(device=acc.device, dtype=index_dtype(self.numel)),
-                         announced=False, aux=_checksum(chosen))
+                         announced=False, report=_checksum(chosen))
 
     def combine(self, acc, selection, gathered, iteration, reduction: Reduction,
                 traffic: Traffic) -> Reduced:
-        if len(set(gathered.aux)) > 1:
+        if len(set(gathered.reports)) > 1:
             raise CollectiveInputError(
                 f"randomk: the ranks drew different coordinates at iteration {iteration} "
-                f"(checksums {gathered.aux}); their iteration counters or seeds differ")
+                f"(checksums {gathered.reports}); their iteration counters or seeds differ")
         chosen = selection.indices.long()
         values = allreduce_values(self.comm, self.wire(acc[chosen]), traffic, reduction.op,
                                   reduction.prescale, reduction.postscale)
-        counts = SelectedCounts(gathered.per_rank, gathered.statuses, gathered.aux,
+        counts = SelectedCounts(gathered.per_rank, gathered.statuses, gathered.reports,
                                 selected=[chosen.numel()] * self.comm.size)
         return Reduced(chosen, values.to(acc.dtype), chosen, counts)

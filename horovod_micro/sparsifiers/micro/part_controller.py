@@ -43,7 +43,7 @@ Design, per iteration ``t``, on rank ``r`` owning part ``p`` (``n`` parts, ``k``
   The selection is ``|a| >= threshold`` in the owned part: still a threshold selection,
   which the statistics report (per rank) and the simulation replays.
 * **Steering from gathered information only:** each owner reports its step ``j`` in the
-  index exchange's header (the ``aux`` integer, no extra message); every rank then moves
+  index exchange's header (the ``report`` integer, no extra message); every rank then moves
   ``log m_p += gain * (j - bias) * log q`` for every part, clamped to ``max_step`` steps.
   ``bias`` steps aim the base a little low, so that the count usually lands above the
   target, where the correction is cheap. Every rank runs the same float64 arithmetic on

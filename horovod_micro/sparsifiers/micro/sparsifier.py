@@ -265,7 +265,7 @@ class MicroCompressor(Sparsifier):
         selected = indices.numel()
         if self.slots is not None and selected > self.slots:
             indices = self._cut(acc, indices, iteration + 1)
-        return Selection(indices, aux=report, selected=selected)
+        return Selection(indices, report=report, selected=selected)
 
     def _cut(self, acc: torch.Tensor, indices: torch.Tensor, now: int) -> torch.Tensor:
         """The overflow rule: of the selected ``indices``, the ``slots`` with the highest
@@ -320,7 +320,7 @@ class MicroCompressor(Sparsifier):
             self.last.index_fill_(0, reduced.indices.long(), stamp(self._iteration + 1))
         n = self.comm.size
         gathered = reduced.gathered
-        self.controller.observe(list(gathered.counts), list(gathered.aux),
+        self.controller.observe(list(gathered.counts), list(gathered.reports),
                                 [owned_part(r, self._iteration, n) for r in range(n)])
 
     def state_dict(self) -> dict:
