@@ -13,10 +13,11 @@ Every exchange starts with one ``allgather`` of an int32 block per rank::
   (which parameters are frozen); every rank raises or reacts identically, so one rank's
   bad input never leaves the others waiting;
 * ``report`` is what the rank reports about its selection, for the method's own use
-  (:class:`~horovod_micro.sparsifiers.base.Selection`). (An overflow
-  that happens only on the wire, a float16 value beyond 65504 or a sum beyond the
-  dtype's range, needs no status: it shows in the aggregate, which every rank holds
-  identically; the reducer checks it there.)
+  (:class:`~horovod_micro.sparsifiers.base.Selection`).
+
+An overflow that happens only on the wire (a float16 value beyond 65504, or a sum beyond
+the dtype's range) needs no status: it shows in the aggregate, which every rank holds
+identically; the reducer checks it there.
 
 Two block shapes. A collective whose shape changes from step to step misses Horovod's
 response cache (keyed by name and shape) and is negotiated through the coordinator again
