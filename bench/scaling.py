@@ -55,7 +55,7 @@ from torch.nn import functional as F  # noqa: N812
 import horovod_micro as hvm
 from horovod_micro.momentum import mask_momentum
 from horovod_micro.reducer import FlatLayout, SparseReducer
-from horovod_micro.sparsifiers.base import Reduction
+from horovod_micro.sparsifiers.base import ReduceOp
 from horovod_micro.stats import ring_allreduce_bytes
 from horovod_micro.testing.loopback import LoopbackGroup
 from horovod_micro_train.data import build_datasets
@@ -201,7 +201,7 @@ def train(method: str, *, n: int, density: float, epochs: float, seed: int = 1,
             # flat vector is the layout's.
             params = [torch.nn.Parameter(torch.zeros_like(p)) for p in layout.params]
             reducer = SparseReducer(FlatLayout(list(zip(layout.names, params))),
-                                    compressors[rank], comm, Reduction(hvd.Average))
+                                    compressors[rank], comm, ReduceOp(hvd.Average))
             reducers[rank] = reducer
             group.share(rank, None)  # every reducer exists before rank 0 reads them
             perm = None

@@ -54,7 +54,7 @@ from .elastic import ElasticMethods, ElasticOptimizer
 from .exchange import Comm
 from .momentum import mask_momentum
 from .reducer import FlatLayout, SparseReducer
-from .sparsifiers.base import Reduction, Sparsifier
+from .sparsifiers.base import ReduceOp, Sparsifier
 from .stats import StepStats
 from .status import OK, PARAMS_CHANGED, CollectiveInputError
 from .validation import check_collectively, local_errors
@@ -144,7 +144,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             # With a GradScaler the residual follows the loss scale between steps, which
             # needs e_t and g_t apart: no zero-copy error feedback then.
             self._reducer = SparseReducer(self._layout, compression, self._comm,
-                                          Reduction(op, *self._scale_factors()),
+                                          ReduceOp(op, *self._scale_factors()),
                                           stats_callback=self._record,
                                           zero_copy=zero_copy and grad_scaler is None)
         else:

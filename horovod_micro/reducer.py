@@ -37,7 +37,7 @@ import torch
 from .accumulate import add_and_square
 from .exchange import Comm, Traffic
 from .residual_views import ResidualViews
-from .sparsifiers.base import Reduced, Reduction, Sparsifier
+from .sparsifiers.base import Aggregate, ReduceOp, Sparsifier
 from .stats import PhaseClock, StepStats, phase_sync
 from .status import GRAPH_GRADIENT, NONFINITE, OK, SPARSE_GRADIENT, step_check, with_check
 
@@ -135,7 +135,7 @@ class SparseReducer:
     """Runs a :class:`Sparsifier` over the flat gradient of a fixed list of parameters."""
 
     def __init__(self, layout: FlatLayout, sparsifier: Sparsifier, comm: Comm,
-                 reduction: Reduction,
+                 reduction: ReduceOp,
                  stats_callback: Callable[[StepStats], None] | None = None,
                  zero_copy: bool = True):
         self.layout = layout
@@ -242,7 +242,7 @@ class SparseReducer:
             self.stats_callback(stats)
         return stats
 
-    def _apply(self, reduced: Reduced, sq_norm: float) -> float:
+    def _apply(self, reduced: Aggregate, sq_norm: float) -> float:
         """A finite step: the aggregate becomes the output; where this rank's value went
         into it, the residual keeps only what the wire lost (0 in full precision, the
         float16 rounding error with ``fp16_values``). Returns the residual's norm."""
@@ -272,7 +272,7 @@ class SparseReducer:
             return _norm(acc)
         return math.sqrt(rest)
 
-    def _apply_everywhere(self, reduced: Reduced) -> float:
+    def _apply_everywhere(self, reduced: Aggregate) -> float:
         """A finite step of a method whose aggregate covers every coordinate (PowerSGD):
         two copies, no index pass and no clearing (the whole output is overwritten)."""
         self.residual.copy_(reduced.kept)
@@ -304,7 +304,7 @@ class SparseReducer:
             self.output.zero_()
             self.full_clears += 1
 
-    def _skip(self, reduced: Reduced) -> float:
+    def _skip(self, reduced: Aggregate) -> float:
         """A non-finite step. Every rank hands NaN to its optimizer, as dense Horovod would
         spread it, so a GradScaler skips the step everywhere, and the threshold stays.
         Nothing was applied, so the residual keeps ``a_t``, all of it but two kinds of

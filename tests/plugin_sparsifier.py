@@ -14,7 +14,7 @@ import torch
 
 from horovod_micro.exchange import SelectedCounts, allreduce_values
 from horovod_micro.selection import index_bytes, index_dtype
-from horovod_micro.sparsifiers.base import Reduced, Selection, Sparsifier
+from horovod_micro.sparsifiers.base import Aggregate, Selection, Sparsifier
 from horovod_micro.sparsifiers.registry import register
 from horovod_micro.stats import ring_allgather_bytes, ring_allreduce_bytes
 
@@ -37,13 +37,13 @@ class CyclicBlockCompressor(Sparsifier):
         return Selection(chosen.to(device=acc.device, dtype=index_dtype(self.numel)),
                          announced=False)
 
-    def combine(self, acc, selection, gathered, iteration, reduction, traffic) -> Reduced:
+    def combine(self, acc, selection, gathered, iteration, reduction, traffic) -> Aggregate:
         chosen = selection.indices.long()
         values = allreduce_values(self.comm, self.wire(acc.index_select(0, chosen)), traffic,
                                   reduction.op, reduction.prescale, reduction.postscale)
         counts = SelectedCounts(gathered.per_rank, gathered.statuses, gathered.reports,
                                 selected=[chosen.numel()] * self.comm.size)
-        return Reduced(chosen, values.to(acc.dtype), chosen, counts)
+        return Aggregate(chosen, values.to(acc.dtype), chosen, counts)
 
     def modeled_bytes(self, size: int, numel: int) -> float:
         # The 3-word header gathered, then one allreduce of k values (as Random-k).

@@ -15,7 +15,7 @@ from test_baselines import ALL_METHODS, ITERATIONS, NUMEL, SEED, VARIANTS, check
 import horovod_micro as hvm
 from horovod_micro.reducer import FlatLayout, SparseReducer
 from horovod_micro.sparsifiers import registry
-from horovod_micro.sparsifiers.base import Reduction
+from horovod_micro.sparsifiers.base import ReduceOp
 from horovod_micro.testing.loopback import LoopbackGroup
 
 SPECS = {spec["label"]: spec for spec in ALL_METHODS + VARIANTS}
@@ -30,7 +30,7 @@ def loopback_traces(n, method, kwargs, op="average", iterations=ITERATIONS, devi
         compression = getattr(hvm.Compression, method)(**kwargs)
         param = torch.nn.Parameter(torch.zeros(NUMEL, device=device))
         reducer = SparseReducer(FlatLayout([("flat", param)]), compression, comm,
-                                Reduction(hvd.Average if op == "average" else hvd.Sum))
+                                ReduceOp(hvd.Average if op == "average" else hvd.Sum))
         out = []
         for t in range(iterations):
             param.grad = rank_gradient(comm.rank, t, NUMEL, SEED).to(device)
@@ -151,7 +151,7 @@ def test_reducer_synchronises_at_every_phase_boundary_when_asked(monkeypatch):
     def body(comm):
         param = torch.nn.Parameter(torch.zeros(NUMEL))
         reducer = SparseReducer(FlatLayout([("flat", param)]), hvm.Compression.micro(0.02),
-                                comm, Reduction(hvd.Average))
+                                comm, ReduceOp(hvd.Average))
         assert reducer.phase_sync is None
         calls = []
         reducer.phase_sync = lambda: calls.append(1)

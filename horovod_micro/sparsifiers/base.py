@@ -7,7 +7,7 @@ A sparsifier answers three questions for the optimizer's pipeline
     flatten -> add residual -> select -> exchange -> average -> update residual -> step
                                ^^^^^^    ^^^^^^^^
     select(acc, iteration)    -> Selection: this rank's choice (local, no communication)
-    combine(acc, selection,   -> Reduced: the method's collective pattern after the index
+    combine(acc, selection,   -> Aggregate: the method's collective pattern after the index
             gathered, ...)       gather; the aggregated coordinates and which of this
                                  rank's coordinates went into them
     observe(reduced)             what the sparsifier learns from the result (e.g. MiCRO's
@@ -59,7 +59,7 @@ class Selection:
 
 
 @dataclass(frozen=True)
-class Reduction:
+class ReduceOp:
     """How contributions combine: Horovod's ``op`` with its pre/post scale factors."""
 
     op: Any = hvd.Average
@@ -77,7 +77,7 @@ class Reduction:
 
 
 @dataclass
-class Reduced:
+class Aggregate:
     """Result of one sparse exchange, identical on every rank except ``contributed``.
 
     Attributes:
@@ -214,7 +214,7 @@ class Sparsifier:
         raise NotImplementedError
 
     def exchange(self, acc: torch.Tensor, selection: Selection, status: int,
-                 iteration: int, reduction: Reduction, traffic: Traffic) -> Reduced:
+                 iteration: int, reduction: ReduceOp, traffic: Traffic) -> Aggregate:
         """The protocol every method shares (see the module docstring): the index gather
         with ``status`` (in :attr:`slots` of one fixed shape where the method sets them,
         :func:`~horovod_micro.exchange.gather_slots`), the collective error check, then
@@ -229,11 +229,11 @@ class Sparsifier:
         return self.combine(acc, selection, gathered, iteration, reduction, traffic)
 
     def combine(self, acc: torch.Tensor, selection: Selection, gathered: Gathered,
-                iteration: int, reduction: Reduction, traffic: Traffic) -> Reduced:
+                iteration: int, reduction: ReduceOp, traffic: Traffic) -> Aggregate:
         """The method's own collectives after the index gather; returns the aggregate."""
         raise NotImplementedError
 
-    def observe(self, reduced: Reduced) -> None:
+    def observe(self, reduced: Aggregate) -> None:
         """Learn from the exchange's result (default: nothing)."""
 
     def threshold(self) -> float | None:

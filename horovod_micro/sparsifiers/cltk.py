@@ -26,7 +26,7 @@ import torch
 from ..exchange import Traffic, allreduce_values
 from ..selection import index_bytes, index_dtype
 from ..stats import ring_allgather_bytes, ring_allreduce_bytes
-from .base import Reduced, Reduction, Selection, Sparsifier
+from .base import Aggregate, ReduceOp, Selection, Sparsifier
 from .registry import register
 from .topk import topk_indices
 
@@ -66,9 +66,9 @@ class CltkCompressor(Sparsifier):
             return Selection(torch.empty(0, dtype=index_dtype(self.numel), device=acc.device))
         return Selection(topk_indices(acc, self.target_count))
 
-    def combine(self, acc, selection, gathered, iteration, reduction: Reduction,
-                traffic: Traffic) -> Reduced:
+    def combine(self, acc, selection, gathered, iteration, reduction: ReduceOp,
+                traffic: Traffic) -> Aggregate:
         chosen = gathered.per_rank[self.leader(iteration)].long()
         values = allreduce_values(self.comm, self.wire(acc[chosen]), traffic, reduction.op,
                                   reduction.prescale, reduction.postscale)
-        return Reduced(chosen, values.to(acc.dtype), chosen, gathered)
+        return Aggregate(chosen, values.to(acc.dtype), chosen, gathered)

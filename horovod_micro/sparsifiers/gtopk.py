@@ -43,7 +43,7 @@ import torch
 from ..exchange import SelectedCounts, Traffic, alltoall_tensor
 from ..selection import index_bytes, index_dtype
 from ..stats import ring_allgather_bytes
-from .base import Reduced, Reduction, Selection, Sparsifier
+from .base import Aggregate, ReduceOp, Selection, Sparsifier
 from .registry import register
 from .topk import topk_indices
 
@@ -136,8 +136,8 @@ class GtopkCompressor(Sparsifier):
         return idx.long(), val.to(dtype), mask
 
     # ----- the exchange ------------------------------------------------------------------
-    def combine(self, acc, selection, gathered, iteration, reduction: Reduction,
-                traffic: Traffic) -> Reduced:
+    def combine(self, acc, selection, gathered, iteration, reduction: ReduceOp,
+                traffic: Traffic) -> Aggregate:
         comm, k = self.comm, self.target_count
         n, r = comm.size, comm.rank
         indices = selection.indices
@@ -182,4 +182,4 @@ class GtopkCompressor(Sparsifier):
         counts = SelectedCounts(gathered.per_rank, gathered.statuses, gathered.reports,
                                 selected=[indices.numel()] * n)
         values = reduction.finish_sum(final_val.clone(), n)
-        return Reduced(final_idx, values, final_idx[alive], counts)
+        return Aggregate(final_idx, values, final_idx[alive], counts)

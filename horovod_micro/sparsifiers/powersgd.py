@@ -57,7 +57,7 @@ import torch
 from ..exchange import SelectedCounts, Traffic, allreduce_values
 from ..selection import index_bytes, index_dtype
 from ..stats import ring_allgather_bytes, ring_allreduce_bytes
-from .base import Reduced, Reduction, Selection, Sparsifier
+from .base import Aggregate, ReduceOp, Selection, Sparsifier
 from .registry import register
 
 
@@ -223,18 +223,18 @@ class PowerSGDCompressor(Sparsifier):
     def _p_of(self, buffer: torch.Tensor, m: _Matrix) -> torch.Tensor:
         return buffer[m.p_start:m.p_start + m.rows * self.rank].view(m.rows, self.rank)
 
-    def combine(self, acc, selection, gathered, iteration, reduction: Reduction,
-                traffic: Traffic) -> Reduced:
+    def combine(self, acc, selection, gathered, iteration, reduction: ReduceOp,
+                traffic: Traffic) -> Aggregate:
         n = self.comm.size
         counts = SelectedCounts(gathered.per_rank, gathered.statuses, gathered.reports,
                                 gathered.checks, selected=[self.numel] * n)
         if gathered.nonfinite():  # every rank knows from the header: nothing travels
             empty = acc[:0]
-            return Reduced(self._all[:0], empty, self._all[:0], counts)
+            return Aggregate(self._all[:0], empty, self._all[:0], counts)
         if iteration < self.start_iteration:  # dense warm-up: one allreduce of everything
             values = allreduce_values(self.comm, self.wire(acc).clone(), traffic, hvd.Sum,
                                       1.0, 1.0, role="powersgd-dense").to(acc.dtype)
-            return Reduced(self._all, reduction.finish_sum(values, n), self._all, counts,
+            return Aggregate(self._all, reduction.finish_sum(values, n), self._all, counts,
                            kept=self.wire_error(acc))
         if self.q is None or not self.warm_start:
             q = self._initial_q(iteration, acc)
@@ -273,7 +273,7 @@ class PowerSGDCompressor(Sparsifier):
         values.index_copy_(0, dense, summed_p[self.p_numel:])
         kept.index_copy_(0, dense, dense_kept)
         self._next_q = summed_q.div_(n)
-        return Reduced(self._all, reduction.finish_sum(values, n), self._all, counts,
+        return Aggregate(self._all, reduction.finish_sum(values, n), self._all, counts,
                        kept=kept)
 
     def _buffers(self, acc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -283,7 +283,7 @@ class PowerSGDCompressor(Sparsifier):
             self._out = (torch.empty_like(acc), torch.empty_like(acc))
         return self._out
 
-    def observe(self, reduced: Reduced) -> None:
+    def observe(self, reduced: Aggregate) -> None:
         """A finite step: its averaged ``Q`` is the next step's warm start."""
         if self._next_q is not None:
             self.q, self._next_q = self._next_q, None

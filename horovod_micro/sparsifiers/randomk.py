@@ -30,7 +30,7 @@ from ..exchange import SelectedCounts, Traffic, allreduce_values
 from ..selection import index_bytes, index_dtype
 from ..stats import ring_allgather_bytes, ring_allreduce_bytes
 from ..status import CollectiveInputError
-from .base import Reduced, Reduction, Selection, Sparsifier
+from .base import Aggregate, ReduceOp, Selection, Sparsifier
 from .registry import register
 
 _MIX_SEED = 0x9E3779B97F4A7C15
@@ -100,8 +100,8 @@ class RandomkCompressor(Sparsifier):
         return Selection(chosen.to(device=acc.device, dtype=index_dtype(self.numel)),
                          announced=False, report=_checksum(chosen))
 
-    def combine(self, acc, selection, gathered, iteration, reduction: Reduction,
-                traffic: Traffic) -> Reduced:
+    def combine(self, acc, selection, gathered, iteration, reduction: ReduceOp,
+                traffic: Traffic) -> Aggregate:
         if len(set(gathered.reports)) > 1:
             raise CollectiveInputError(
                 f"randomk: the ranks drew different coordinates at iteration {iteration} "
@@ -111,4 +111,4 @@ class RandomkCompressor(Sparsifier):
                                   reduction.prescale, reduction.postscale)
         counts = SelectedCounts(gathered.per_rank, gathered.statuses, gathered.reports,
                                 selected=[chosen.numel()] * self.comm.size)
-        return Reduced(chosen, values.to(acc.dtype), chosen, counts)
+        return Aggregate(chosen, values.to(acc.dtype), chosen, counts)

@@ -27,7 +27,7 @@ import torch
 
 from ..exchange import Traffic
 from ..selection import ThresholdSelector, index_bytes, initial_threshold
-from .base import Reduced, Reduction, Selection, Sparsifier
+from .base import Aggregate, ReduceOp, Selection, Sparsifier
 from .registry import register
 from .topk import combine_pairs, gathered_pairs_bytes
 
@@ -99,7 +99,7 @@ class HardThresholdCompressor(Sparsifier):
     def select(self, acc: torch.Tensor, iteration: int) -> Selection:
         return Selection(self._selector(acc, float(self.lam), 0, self.numel))
 
-    def combine(self, acc, selection, gathered, iteration, reduction: Reduction,
-                traffic: Traffic) -> Reduced:
+    def combine(self, acc, selection, gathered, iteration, reduction: ReduceOp,
+                traffic: Traffic) -> Aggregate:
         return combine_pairs(self, acc, selection, gathered, reduction, traffic,
                              threshold=float(self.lam))

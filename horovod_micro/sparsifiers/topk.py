@@ -28,7 +28,7 @@ import torch
 from ..exchange import Gathered, Traffic, allgather_values
 from ..selection import index_bytes, index_dtype
 from ..stats import ring_allgather_bytes
-from .base import Reduced, Reduction, Selection, Sparsifier
+from .base import Aggregate, ReduceOp, Selection, Sparsifier
 from .registry import register
 
 
@@ -40,8 +40,8 @@ def topk_indices(acc: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def combine_pairs(sparsifier: Sparsifier, acc: torch.Tensor, selection: Selection,
-                  gathered: Gathered, reduction: Reduction, traffic: Traffic,
-                  threshold: float | None = None) -> Reduced:
+                  gathered: Gathered, reduction: ReduceOp, traffic: Traffic,
+                  threshold: float | None = None) -> Aggregate:
     """Allgather every rank's values at its announced indices; sum them per coordinate.
 
     Shared by Top-k and hard-threshold: both let each rank choose its own coordinates.
@@ -53,12 +53,12 @@ def combine_pairs(sparsifier: Sparsifier, acc: torch.Tensor, selection: Selectio
     all_indices = torch.cat(gathered.per_rank).long()
     if all_indices.numel() == 0:  # nobody selected anything: every rank knows, skip values
         empty = torch.empty(0, dtype=acc.dtype, device=acc.device)
-        return Reduced(all_indices, empty, own, gathered, threshold)
+        return Aggregate(all_indices, empty, own, gathered, threshold)
     values = allgather_values(comm, sparsifier.wire(acc[own]), gathered.counts, traffic)
     union, inverse = torch.unique(all_indices, return_inverse=True)
     summed = torch.zeros(union.numel(), dtype=acc.dtype, device=acc.device)
     summed.index_add_(0, inverse, values.to(acc.dtype))
-    return Reduced(union, reduction.finish_sum(summed, comm.size), own, gathered, threshold)
+    return Aggregate(union, reduction.finish_sum(summed, comm.size), own, gathered, threshold)
 
 
 def gathered_pairs_bytes(size: int, count: int, index_bytes: int, value_bytes: int) -> int:
@@ -95,6 +95,6 @@ class TopkCompressor(Sparsifier):
     def select(self, acc: torch.Tensor, iteration: int) -> Selection:
         return Selection(topk_indices(acc, self.target_count))
 
-    def combine(self, acc, selection, gathered, iteration, reduction: Reduction,
-                traffic: Traffic) -> Reduced:
+    def combine(self, acc, selection, gathered, iteration, reduction: ReduceOp,
+                traffic: Traffic) -> Aggregate:
         return combine_pairs(self, acc, selection, gathered, reduction, traffic)

@@ -39,7 +39,7 @@ import torch
 from ...exchange import SlotsGathered, Traffic, allreduce_values
 from ...selection import ThresholdSelector, index_bytes, index_dtype
 from ...stats import ring_allgather_bytes, ring_allreduce_bytes
-from ..base import Reduced, Reduction, Selection, Sparsifier
+from ..base import Aggregate, ReduceOp, Selection, Sparsifier
 from ..registry import register
 from .controller import ThresholdController
 from .density_controller import DensityController, PaperController
@@ -294,8 +294,8 @@ class MicroCompressor(Sparsifier):
         self.last.masked_fill_(old, stamp(now - AGE_CAP))
         self._capped_at = now
 
-    def combine(self, acc, selection, gathered, iteration, reduction: Reduction,
-                traffic: Traffic) -> Reduced:
+    def combine(self, acc, selection, gathered, iteration, reduction: ReduceOp,
+                traffic: Traffic) -> Aggregate:
         # Parts are disjoint: concatenation is already the union, without duplicates.
         union = torch.cat(gathered.per_rank)
         if isinstance(gathered, SlotsGathered):
@@ -313,9 +313,9 @@ class MicroCompressor(Sparsifier):
             values = self.wire(acc.index_select(0, union))
             values = allreduce_values(self.comm, values, traffic, reduction.op,
                                       reduction.prescale, reduction.postscale)
-        return Reduced(union, values.to(acc.dtype), union, gathered, self._threshold)
+        return Aggregate(union, values.to(acc.dtype), union, gathered, self._threshold)
 
-    def observe(self, reduced: Reduced) -> None:
+    def observe(self, reduced: Aggregate) -> None:
         if self.last is not None:  # the applied coordinates start accumulating afresh
             self.last.index_fill_(0, reduced.indices.long(), stamp(self._iteration + 1))
         n = self.comm.size
