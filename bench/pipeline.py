@@ -95,7 +95,7 @@ def worker(args) -> None:
     import torch
 
     import horovod_micro as hvm
-    from horovod_micro.reducer import FlatLayout
+    from horovod_micro.layout import FlatLayout
 
     torch.set_num_threads(1)
     hvd.init()

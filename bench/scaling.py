@@ -53,8 +53,9 @@ from torch.func import functional_call, grad, vmap
 from torch.nn import functional as F  # noqa: N812
 
 import horovod_micro as hvm
+from horovod_micro.layout import FlatLayout
 from horovod_micro.momentum import mask_momentum
-from horovod_micro.reducer import FlatLayout, SparseReducer
+from horovod_micro.reducer import SparseReducer
 from horovod_micro.sparsifiers.base import ReduceOp
 from horovod_micro.stats import ring_allreduce_bytes
 from horovod_micro.testing.loopback import LoopbackGroup

@@ -19,7 +19,7 @@ import time
 import horovod.torch as hvd
 import torch
 
-from .reducer import FlatLayout
+from .layout import FlatLayout
 from .stats import StepStats, ring_allreduce_bytes
 
 

@@ -52,8 +52,9 @@ from .consistency import parameter_changes
 from .dense import DenseExchange, resolve_groups
 from .elastic import ElasticMethods, ElasticOptimizer
 from .exchange import Comm
+from .layout import FlatLayout
 from .momentum import mask_momentum
-from .reducer import FlatLayout, SparseReducer
+from .reducer import SparseReducer
 from .sparsifiers.base import ReduceOp, Sparsifier
 from .stats import StepStats
 from .status import OK, PARAMS_CHANGED, CollectiveInputError

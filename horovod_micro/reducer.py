@@ -30,25 +30,17 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import torch
 
 from .accumulate import add_and_square
 from .exchange import Comm, Traffic
+from .layout import FlatLayout
 from .residual_views import ResidualViews
 from .sparsifiers.base import Aggregate, ReduceOp, Sparsifier
 from .stats import PhaseClock, StepStats, phase_sync
 from .status import GRAPH_GRADIENT, NONFINITE, OK, SPARSE_GRADIENT, step_check, with_check
-
-
-def flat_dtype(dtypes) -> torch.dtype:
-    """The flat buffers' dtype: all parameters' dtypes promoted together, float32 at least
-    (see the module docstring)."""
-    result = torch.float32
-    for dtype in dtypes:
-        result = torch.promote_types(result, dtype)
-    return result
 
 
 def _all_finite(acc: torch.Tensor, sq_norm: float) -> bool:
@@ -75,60 +67,6 @@ def _norm(x: torch.Tensor) -> float:
         scale = float(x.abs().max())
         norm = scale * float(torch.linalg.vector_norm(x / scale, dtype=torch.float64))
     return norm
-
-
-class FlatLayout:
-    """Where each parameter's gradient lives in the flat vector (parameters in name order)."""
-
-    def __init__(self, named_params: Sequence[tuple[str, torch.nn.Parameter]]):
-        self.names = [name for name, _ in named_params]
-        self.params = [p for _, p in named_params]
-        self.slices: list[tuple[int, int]] = []
-        offset = 0
-        for p in self.params:
-            self.slices.append((offset, offset + p.numel()))
-            offset += p.numel()
-        self.numel = offset
-        self.device = self.params[0].device if self.params else torch.device("cpu")
-        self.dtype = flat_dtype(p.dtype for p in self.params)
-        # Parameters narrower than the flat buffer (float16 in a float32 buffer): the
-        # largest value their gradient can hold, per run of the flat vector
-        # (see :meth:`unrepresentable`); None when every parameter has the buffer's range.
-        self._narrow: tuple[torch.Tensor, torch.Tensor] | None = None
-        limits = [torch.finfo(p.dtype).max if p.dtype.is_floating_point else math.inf
-                  for p in self.params]
-        if any(limit < torch.finfo(self.dtype).max for limit in limits):
-            starts = torch.tensor([start for start, _ in self.slices], device=self.device)
-            self._narrow = (starts, torch.tensor(limits, dtype=self.dtype, device=self.device))
-
-    def views(self, flat: torch.Tensor) -> list[torch.Tensor]:
-        """Each parameter's slice of the N-sized ``flat``, shaped like the parameter (views,
-        no copy: writes through one land in ``flat``)."""
-        return [flat[start:end].view_as(p) for p, (start, end) in zip(self.params, self.slices)]
-
-    def unrepresentable(self, indices: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-        """Which of ``values`` (at flat ``indices``) no parameter's ``.grad`` can hold:
-        NaN, Inf, or beyond the range of a narrower parameter's dtype (a float32
-        aggregate of 80000 would be written into a float16 ``.grad`` as Inf)."""
-        bad = ~torch.isfinite(values)
-        if self._narrow is not None and values.numel():
-            starts, limits = self._narrow
-            owner = torch.searchsorted(starts, indices.to(starts.dtype), right=True) - 1
-            bad |= values.abs() > limits[owner]
-        return bad
-
-    def any_unrepresentable(self, indices: torch.Tensor, values: torch.Tensor) -> bool:
-        """Whether any of ``values`` is :meth:`unrepresentable`. Without narrower
-        parameters, a finite sum proves every value finite (one fast reduction: the
-        element-wise check costs several times more over a whole model's aggregate); only
-        a non-finite sum, which finite values can also give, is checked value by value."""
-        if self._narrow is None and bool(torch.isfinite(values.sum())):
-            return False
-        return bool(self.unrepresentable(indices, values).any())
-
-    def signature(self) -> list[tuple[str, tuple[int, ...], str]]:
-        """Names, shapes and dtypes; must be identical on every rank."""
-        return [(n, tuple(p.shape), str(p.dtype)) for n, p in zip(self.names, self.params)]
 
 
 class SparseReducer:

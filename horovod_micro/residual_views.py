@@ -12,12 +12,10 @@ buffers are used from then on.
 from __future__ import annotations
 
 import warnings
-from typing import TYPE_CHECKING
 
 import torch
 
-if TYPE_CHECKING:
-    from .reducer import FlatLayout
+from .layout import FlatLayout
 
 
 class ResidualViews:

@@ -13,7 +13,8 @@ from simulation import BoundedRule, rank_gradient, simulate_micro
 from test_baselines import ALL_METHODS, ITERATIONS, NUMEL, SEED, VARIANTS, check_traces
 
 import horovod_micro as hvm
-from horovod_micro.reducer import FlatLayout, SparseReducer
+from horovod_micro.layout import FlatLayout
+from horovod_micro.reducer import SparseReducer
 from horovod_micro.sparsifiers import registry
 from horovod_micro.sparsifiers.base import ReduceOp
 from horovod_micro.testing.loopback import LoopbackGroup

@@ -31,7 +31,7 @@ from simulation_baselines import (
     simulate_topk,
 )
 
-from horovod_micro.reducer import FlatLayout
+from horovod_micro.layout import FlatLayout
 from horovod_micro.sparsifiers.randomk import shared_indices
 
 NUMEL, DENSITY, VALUE = 300, 0.05, 0.03
