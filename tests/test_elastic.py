@@ -186,11 +186,16 @@ def _lines(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
 
 
+#: Long enough that the slot added after the restart is discovered, and its worker has
+#: started and joined, while training still runs (on a loaded 2-core machine that took
+#: longer than the 84 iterations left at 12 epochs).
+EPOCHS = 50
+
+
 def test_train_elastic_kill_and_add(tmp_path):
     """``python -m horovod_micro_train --elastic`` under horovodrun's elastic mode: the test
-    SIGKILLs the
-    worker on 127.0.0.1 from outside while it trains, then adds a slot; the run finishes,
-    the records show the membership changes, and the figures draw them."""
+    SIGKILLs the worker on 127.0.0.1 from outside while it trains, then adds a slot; the
+    run finishes, the records show the membership changes, and the figures draw them."""
     out = tmp_path / "run"
     hosts = tmp_path / "hosts.txt"
     hosts.write_text("localhost:2\n127.0.0.1:1\n")
@@ -200,7 +205,7 @@ def test_train_elastic_kill_and_add(tmp_path):
     cmd = [horovodrun(), "-np", "3", "--min-np", "2", "--max-np", "3",
            "--host-discovery-script", str(discovery), "--gloo",
            sys.executable, "-m", "horovod_micro_train", "--elastic", "--commit-every", "4",
-           "--epochs", "12", "--max-iters-per-epoch", "8", "--out", str(out),
+           "--epochs", str(EPOCHS), "--max-iters-per-epoch", "8", "--out", str(out),
            "--progress", "none", "--no-plots"]
     result: dict = {}
     job = threading.Thread(target=lambda: result.update(proc=run_bounded(
@@ -228,7 +233,7 @@ def test_train_elastic_kill_and_add(tmp_path):
     for (begin, size), end in zip([(m["iteration"], m["world_size"]) for m in starts],
                                   [m["iteration"] for m in starts[1:]] + [len(rows)]):
         assert {r["world_size"] for r in rows[begin:end]} == {size}
-    assert len(_lines(out / "epochs.jsonl")) == 12
+    assert len(_lines(out / "epochs.jsonl")) == EPOCHS
     from horovod_micro_train.plot import Run, make_figures
     assert Run(out).resets == [(starts[1]["iteration"], 2), (starts[2]["iteration"], 3)]
     assert all(p.stat().st_size > 0 for p in make_figures([out], tmp_path / "figures"))
