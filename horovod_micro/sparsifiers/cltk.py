@@ -39,6 +39,11 @@ class CltkCompressor(Sparsifier):
         density: user-set density ``d``; the leader picks ``k = floor(d N)`` coordinates,
             which is also the global count.
         error_feedback, fp16_values: see :class:`~horovod_micro.sparsifiers.base.Sparsifier`.
+
+    Example::
+
+        opt = hvm.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                       compression=hvm.Compression.cltk(density=0.001))
     """
 
     name = "cltk"

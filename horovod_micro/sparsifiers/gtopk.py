@@ -94,6 +94,11 @@ class GtopkCompressor(Sparsifier):
             With ``fp16_values`` every message carries float16 values (merges sum in the
             residual's precision); the final values are rounded to float16 on rank 0 as
             well, so every rank applies the same gradient.
+
+    Example::
+
+        opt = hvm.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                       compression=hvm.Compression.gtopk(density=0.001))
     """
 
     name = "gtopk"

@@ -69,6 +69,11 @@ class RandomkCompressor(Sparsifier):
         seed: base of the shared seed (must be equal on every rank, which the optimizer
             checks at start-up); different seeds give different coordinate sequences.
         error_feedback, fp16_values: see :class:`~horovod_micro.sparsifiers.base.Sparsifier`.
+
+    Example::
+
+        opt = hvm.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                       compression=hvm.Compression.randomk(density=0.001, seed=7))
     """
 
     name = "randomk"

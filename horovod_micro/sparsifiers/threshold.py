@@ -42,6 +42,11 @@ class HardThresholdCompressor(Sparsifier):
             the compressor to the model; also the target reported in the statistics.
         error_feedback: on by default; Sahu et al. also report the method without it.
         fp16_values: see :class:`~horovod_micro.sparsifiers.base.Sparsifier`.
+
+    Example::
+
+        opt = hvm.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                       compression=hvm.Compression.threshold(value=0.01))
     """
 
     name = "threshold"

@@ -77,6 +77,11 @@ class TopkCompressor(Sparsifier):
         density: user-set density ``d``; each rank sends ``k = floor(d N)`` coordinates
             (the global density can reach ``n d``).
         error_feedback, fp16_values: see :class:`~horovod_micro.sparsifiers.base.Sparsifier`.
+
+    Example::
+
+        opt = hvm.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                       compression=hvm.Compression.topk(density=0.001))
     """
 
     name = "topk"

@@ -98,6 +98,14 @@ class MicroCompressor(Sparsifier):
             the rest stays in the error-feedback residual; the controller still learns
             from the count the threshold picked.
         error_feedback, fp16_values: see :class:`~horovod_micro.sparsifiers.base.Sparsifier`.
+
+    Tune: ``density`` first; on 8 or more ranks keep the defaults (drift judge, momentum
+    masking); ``judge="magnitude", momentum_masking=False`` runs MiCRO as published.
+
+    Example::
+
+        opt = hvm.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                       compression=hvm.Compression.micro(density=0.001))
     """
 
     name = "micro"
