@@ -42,7 +42,8 @@ import sys
 import time
 from pathlib import Path
 
-from bench.common import mean, median, parse_method, random_batches, takes_density
+from bench.common import mean, median, parse_method, random_batches
+from horovod_micro.compression import takes_density
 from horovod_micro.testing.launch import horovodrun_cmd, run_bounded
 
 REPO = Path(__file__).resolve().parent.parent

@@ -26,13 +26,6 @@ def parse_method(text: str) -> tuple[str, dict]:
     return name, kwargs
 
 
-def takes_density(factory) -> bool:
-    """Whether a ``hvm.Compression`` factory takes a density (PowerSGD takes a rank)."""
-    import inspect
-
-    return "density" in inspect.signature(factory).parameters
-
-
 def resnet18(num_classes: int = 10) -> tuple[torch.nn.Module, str]:
     """ResNet-18 for CIFAR (3x3 stem, no max-pool; 11,173,962 parameters) and its source.
 

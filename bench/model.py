@@ -47,7 +47,7 @@ import math
 from pathlib import Path
 
 import horovod_micro as hvm
-from bench.common import takes_density
+from horovod_micro.compression import takes_density
 from horovod_micro.sparsifiers import registry
 
 REPO = Path(__file__).resolve().parent.parent

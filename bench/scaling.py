@@ -53,6 +53,7 @@ from torch.func import functional_call, grad, vmap
 from torch.nn import functional as F  # noqa: N812
 
 import horovod_micro as hvm
+from horovod_micro.compression import takes_density
 from horovod_micro.layout import FlatLayout
 from horovod_micro.momentum import mask_momentum
 from horovod_micro.reducer import SparseReducer
@@ -63,7 +64,7 @@ from horovod_micro_train.data import build_datasets
 from horovod_micro_train.models import build_model
 from horovod_micro_train.schedule import lr_at, peak_lr
 
-from .common import parse_method, takes_density
+from .common import parse_method
 
 MOMENTUM, WEIGHT_DECAY = 0.9, 1e-4
 DIAGNOSE_EVERY = 5

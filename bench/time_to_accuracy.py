@@ -46,8 +46,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.common import parse_method, takes_density
+from bench.common import parse_method
 from bench.density_spread import quantile
+from horovod_micro.compression import takes_density
 from horovod_micro_train.records import (
     EPOCHS_FILE,
     EVALS_FILE,

@@ -22,6 +22,7 @@ blocked in a collective.
 from __future__ import annotations
 
 import functools
+import inspect
 
 import horovod.torch as hvd
 from horovod.torch.compression import Compressor as HorovodCompressor
@@ -49,6 +50,12 @@ def is_dense_compressor(compression) -> bool:
     """Whether ``compression`` is one of Horovod's (stateless, per-tensor) compressors."""
     return isinstance(compression, type) and issubclass(compression, HorovodCompressor) or (
         isinstance(compression, HorovodCompressor))
+
+
+def takes_density(factory) -> bool:
+    """Whether a ``hvm.Compression`` factory takes a density (PowerSGD takes a rank; the
+    dense compressors take nothing)."""
+    return not isinstance(factory, type) and "density" in inspect.signature(factory).parameters
 
 
 def factory(cls: type[Sparsifier]):

@@ -125,14 +125,12 @@ def method_label(config: dict) -> str:
     """How reports and figures name a run's method, from its ``run.json``: ``none``,
     ``micro d=0.001``, ``powersgd rank=2`` (the density only for a method that takes one;
     ``--compressor-option`` values after it)."""
-    import inspect
-
     import horovod_micro as hvm
+    from horovod_micro.compression import takes_density
 
     name = config["compressor"]
     factory = getattr(hvm.Compression, name, None)
-    sparse = factory is not None and not isinstance(factory, type)
-    takes = sparse and "density" in inspect.signature(factory).parameters
+    takes = factory is not None and takes_density(factory)
     label = f"{name} d={config['density']:g}" if takes else name
     options = dict(config.get("compressor_options") or [])
     if config.get("powersgd_rank"):

@@ -13,10 +13,10 @@ from __future__ import annotations
 import torch
 
 from horovod_micro.exchange import SelectedCounts, allreduce_values
-from horovod_micro.selection import index_bytes, index_dtype
+from horovod_micro.selection import index_dtype
 from horovod_micro.sparsifiers.base import Aggregate, Selection, Sparsifier
 from horovod_micro.sparsifiers.registry import register
-from horovod_micro.stats import ring_allgather_bytes, ring_allreduce_bytes
+from horovod_micro.stats import ring_allreduce_bytes
 
 
 def block(numel: int, k: int, iteration: int) -> torch.Tensor:
@@ -47,6 +47,6 @@ class CyclicBlockCompressor(Sparsifier):
 
     def modeled_bytes(self, size: int, numel: int) -> float:
         # The 3-word header gathered, then one allreduce of k values (as Random-k).
-        header = ring_allgather_bytes([3 * index_bytes(numel)] * size, 0)[0]
+        header = self.modeled_header_bytes(size, numel)
         values = self.value_bytes() * self.modeled_count(numel)
         return header + ring_allreduce_bytes(values, size)[0]

@@ -9,7 +9,7 @@ import torch
 from simulation import feed_gradients
 
 import horovod_micro as hvm
-from bench.common import takes_density
+from horovod_micro.compression import takes_density
 
 
 def _flat_param_optimizer(numel, compression, **kwargs):

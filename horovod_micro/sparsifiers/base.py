@@ -33,6 +33,8 @@ import horovod.torch as hvd
 import torch
 
 from ..exchange import Comm, Gathered, Traffic, gather_indices, gather_slots
+from ..selection import index_bytes
+from ..stats import ring_allgather_bytes
 
 
 @dataclass
@@ -268,6 +270,11 @@ class Sparsifier:
         target count. Projections to other worker counts use it (``bench/model.py``); the
         tests hold it against real ranks. Every method defines it."""
         raise NotImplementedError(f"{self.name} defines no byte model")
+
+    def modeled_header_bytes(self, size: int, numel: int) -> int:
+        """Bytes a rank sends in the status gather when only the 3-word header travels
+        (a method whose selection is not announced)."""
+        return ring_allgather_bytes([3 * index_bytes(numel)] * size, 0)[0]
 
     def modeled_count(self, numel: int) -> int:
         """The count each rank selects in the byte model: ``floor(density * numel)``."""

@@ -42,7 +42,6 @@ import torch
 
 from ..exchange import SelectedCounts, Traffic, alltoall_tensor
 from ..selection import index_bytes, index_dtype
-from ..stats import ring_allgather_bytes
 from .base import Aggregate, ReduceOp, Selection, Sparsifier
 from .registry import register
 from .topk import topk_indices
@@ -116,7 +115,7 @@ class GtopkCompressor(Sparsifier):
         if size < 2:
             return 0
         k, b_i, levels = self.modeled_count(numel), index_bytes(numel), (size - 1).bit_length()
-        header = ring_allgather_bytes([3 * b_i] * size, 0)[0]
+        header = self.modeled_header_bytes(size, numel)
         down = 8 + k * (b_i + self.value_bytes()) + (k + 7) // 8
         return header + levels * down + 2 * levels * 4 * (size - 1)
 

@@ -55,8 +55,8 @@ import horovod.torch as hvd
 import torch
 
 from ..exchange import SelectedCounts, Traffic, allreduce_values
-from ..selection import index_bytes, index_dtype
-from ..stats import ring_allgather_bytes, ring_allreduce_bytes
+from ..selection import index_dtype
+from ..stats import ring_allreduce_bytes
 from .base import Aggregate, ReduceOp, Selection, Sparsifier
 from .registry import register
 
@@ -192,7 +192,7 @@ class PowerSGDCompressor(Sparsifier):
         matrices, uncompressed = self._plan(numel)
         first = sum(m.rows for m in matrices) * self.rank + sum(b - a for a, b in uncompressed)
         second = sum(m.cols for m in matrices) * self.rank
-        header = ring_allgather_bytes([3 * index_bytes(numel)] * size, 0)[0]
+        header = self.modeled_header_bytes(size, numel)
         return header + sum(ring_allreduce_bytes(self.value_bytes() * count, size)[0]
                             for count in (first, second))
 

@@ -27,8 +27,8 @@ from __future__ import annotations
 import torch
 
 from ..exchange import SelectedCounts, Traffic, allreduce_values
-from ..selection import index_bytes, index_dtype
-from ..stats import ring_allgather_bytes, ring_allreduce_bytes
+from ..selection import index_dtype
+from ..stats import ring_allreduce_bytes
 from ..status import CollectiveInputError
 from .base import Aggregate, ReduceOp, Selection, Sparsifier
 from .registry import register
@@ -96,7 +96,7 @@ class RandomkCompressor(Sparsifier):
     def modeled_bytes(self, size: int, numel: int) -> float:
         """The 3-word status header gathered, then an allreduce of ``k`` values (no index
         travels): ``3 b_i (n - 1) + 2 (n - 1) / n * k b_v``."""
-        header = ring_allgather_bytes([3 * index_bytes(numel)] * size, 0)[0]
+        header = self.modeled_header_bytes(size, numel)
         values = self.value_bytes() * self.modeled_count(numel)
         return header + ring_allreduce_bytes(values, size)[0]
 
