@@ -19,7 +19,7 @@ shared 2-core machine falls on all of them alike):
 
 Per iteration, after an untimed tiny allreduce that lines the ranks up, each rank times
 forward+backward and the optimizer step (``compute``) and ``synchronize()`` (the exchange
-incl. the sparsifier's local work); the iteration time is the slower rank's total, and
+incl. the compressor's local work); the iteration time is the slower rank's total, and
 ``exchange = iteration - slower rank's compute`` (what the exchange adds). Bytes: the
 optimizer's ring-model count (``last_stats.bytes_sent``) and, as a check, the bytes that
 really crossed the namespace's loopback during the iteration (all ranks, TCP payload and
@@ -90,7 +90,7 @@ def worker(args) -> None:
         model.zero_grad()
         return float(hvd.broadcast(t, root_rank=0, name=f"calib.{density}"))
 
-    from horovod_micro.sparsifiers.registry import names
+    from horovod_micro.compressors.registry import names
 
     configs, skipped = [], []
     for method in args.methods:
@@ -272,7 +272,7 @@ def main() -> None:
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.methods is None:
-        from horovod_micro.sparsifiers import registry
+        from horovod_micro.compressors import registry
 
         args.methods = [*BASELINES, *registry.names()]
     if args.quick:

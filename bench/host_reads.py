@@ -9,24 +9,30 @@ CPU, on the code path a GPU takes (``HOROVOD_MICRO_SELECT=torch``), with a
 charged to the line of ``horovod_micro`` that made it. Ops are every aten call of the step
 (forward and backward included: compare variants, not absolutes).
 
-    .venv/bin/python -m bench.host_reads [--steps 20] [--density 0.01] [--capacity exact]
+    .venv/bin/python -m bench.host_reads [--steps 20] [--density 0.01] [--capacity exact] \
+        [--json FILE]
     .venv/bin/horovodrun -np 2 -H localhost:2 --gloo .venv/bin/python -m bench.host_reads
 
 A small MLP (5 linear layers, 10 parameter tensors), 10 warm-up steps, then ``--steps``
-counted; rank 0 prints reads per step by line.
+counted; rank 0 prints reads per step by line (and writes them to ``--json``). Statistics
+that need a read (the residual's norm) are computed when read: this step reads none.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import json
 import os
 import traceback
 
 
 def _site() -> str:
     frames = [f for f in traceback.extract_stack() if "horovod_micro" in f.filename]
-    return f"{os.path.basename(frames[-1].filename)}:{frames[-1].lineno}" if frames else "?"
+    if not frames:
+        return "?"
+    frame = frames[-1]
+    return f"{os.path.basename(frame.filename)}:{frame.lineno} {frame.name}"
 
 
 def main() -> None:
@@ -35,6 +41,7 @@ def main() -> None:
     ap.add_argument("--density", type=float, default=0.01)
     ap.add_argument("--capacity", default=None,
                     help="MiCRO's capacity= (default: its own; 'exact' for exact sizes)")
+    ap.add_argument("--json", default=None, help="write rank 0's census here")
     args = ap.parse_args()
     os.environ["HOROVOD_MICRO_SELECT"] = "torch"
     import horovod.torch as hvd
@@ -96,6 +103,13 @@ def main() -> None:
             print(f"| {count / args.steps:.2f} | {kind} | {line} |")
         print(f"\nhost reads per step: {sum(reads.values()) / args.steps:.2f}; "
               f"ops per step (model included): {sum(ops.values()) / args.steps:.1f}")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"ranks": hvd.size(), "steps": args.steps,
+                           "reads_per_step": sum(reads.values()) / args.steps,
+                           "ops_per_step": sum(ops.values()) / args.steps,
+                           "by_site": {f"{kind} {line}": count / args.steps
+                                       for (kind, line), count in reads.items()}}, f)
 
 
 if __name__ == "__main__":

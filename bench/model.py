@@ -7,7 +7,7 @@ assumed.
 
 Bytes the busiest rank sends per iteration: the dense ring allreduce for ``none`` and
 ``fp16`` (``2 (n-1)/n * b N``), and each sparse method's own byte model,
-``Sparsifier.modeled_bytes`` (its docstring gives the formula; the tests hold it against
+``Compressor.modeled_bytes`` (its docstring gives the formula; the tests hold it against
 real ranks). MiCRO's, with its fixed slots of ``C = ceil(1.2 k / n)`` per rank, is about
 ``4 (n-1) (C + 4) + 8 (n-1) C``: independent of n (the ideal: ``12k (n-1)/n``).
 
@@ -48,7 +48,7 @@ from pathlib import Path
 
 import horovod_micro as hvm
 from horovod_micro.compression import takes_density
-from horovod_micro.sparsifiers import registry
+from horovod_micro.compressors import registry
 
 REPO = Path(__file__).resolve().parent.parent
 N = 11_173_962
@@ -60,7 +60,7 @@ DENSE = {"none": 4, "fp16": 2}
 
 def sent_bytes(method: str, n: int, k: float) -> float:
     """Bytes the busiest rank sends per iteration: the dense ring allreduce for ``none``
-    and ``fp16``, else the method's own byte model (``Sparsifier.modeled_bytes``) at
+    and ``fp16``, else the method's own byte model (``Compressor.modeled_bytes``) at
     density ``k / N``."""
     if n < 2:
         return 0.0

@@ -28,7 +28,7 @@ runs every variant once), so their medians and paired ratios compare like with l
   adds ``g_t`` into ``.grad`` views of a persistent N-element buffer (the residual), as
   MiCRO's zero-copy path does, instead of handing over a fresh gradient tensor; the step
   then reads another, all-zero buffer (MiCRO's output is all but k zeros). No norm, no
-  selection, no bytes: what any error-feedback sparsifier with a free selection and a free
+  selection, no bytes: what any error-feedback compressor with a free selection and a free
   exchange would still pay here;
 * ``micro``: the defaults;
 * ``micro-exact``: the defaults with ``capacity="exact"``: variable-size blocks, which

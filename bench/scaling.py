@@ -54,10 +54,10 @@ from torch.nn import functional as F  # noqa: N812
 
 import horovod_micro as hvm
 from horovod_micro.compression import takes_density
+from horovod_micro.compressors.base import ReduceOp
 from horovod_micro.layout import FlatLayout
 from horovod_micro.momentum import mask_momentum
 from horovod_micro.reducer import SparseReducer
-from horovod_micro.sparsifiers.base import ReduceOp
 from horovod_micro.stats import ring_allreduce_bytes
 from horovod_micro.testing.loopback import LoopbackGroup
 from horovod_micro_train.data import build_datasets
@@ -233,7 +233,7 @@ def train(method: str, *, n: int, density: float, epochs: float, seed: int = 1,
                         applied = reducer.applied
                         diagnosis.record(it, summed, applied, aggregate, residual_norm)
                     apply(it, aggregate)
-                    if reducer.applied is not None and reducer.sparsifier.masks(n):
+                    if reducer.applied is not None and reducer.compressor.masks(n):
                         mask_momentum(optimizer, layout.params, layout.slices, applied)
                 group.share(rank, None)  # the weights are updated before the next step
 

@@ -56,9 +56,9 @@ from pathlib import Path
 import torch
 
 from bench.common import median, real_gradient, timed
+from horovod_micro.compressors.micro.drift import DriftSelector, drift_scores, stamps
+from horovod_micro.compressors.micro.partition import part_bounds
 from horovod_micro.selection import ThresholdSelector, native_available
-from horovod_micro.sparsifiers.micro.drift import DriftSelector, drift_scores, stamps
-from horovod_micro.sparsifiers.micro.partition import part_bounds
 
 PARTS = (2, 4, 8, 16)
 DENSITIES = (0.01, 0.001)
@@ -248,8 +248,8 @@ def controller_costs(args) -> None:
     docstring), cold cache unless ``--warm``."""
     import math
 
-    from horovod_micro.sparsifiers.micro.density_controller import DensityController
-    from horovod_micro.sparsifiers.micro.part_controller import PartController
+    from horovod_micro.compressors.micro.density_controller import DensityController
+    from horovod_micro.compressors.micro.part_controller import PartController
 
     torch.set_num_threads(1)
     g, source = (torch.randn(11_173_962), "N(0,1)") if args.synthetic else real_gradient()

@@ -11,9 +11,9 @@ Example::
 """
 
 from .compression import Compression
+from .compressors.base import Compressor
 from .deadline import ExchangeTimeout
 from .optimizer import DistributedOptimizer
-from .sparsifiers.base import Sparsifier
 from .stats import StatsLog, StepStats
 from .status import CollectiveInputError
 
@@ -24,7 +24,7 @@ __all__ = [
     "Compression",
     "DistributedOptimizer",
     "ExchangeTimeout",
-    "Sparsifier",
+    "Compressor",
     "StatsLog",
     "StepStats",
     "__version__",

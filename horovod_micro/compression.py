@@ -28,8 +28,8 @@ import horovod.torch as hvd
 from horovod.torch.compression import Compressor as HorovodCompressor
 from horovod.torch.compression import FP16Compressor, NoneCompressor
 
-from .sparsifiers import registry
-from .sparsifiers.base import Sparsifier
+from .compressors import registry
+from .compressors.base import Compressor
 
 
 def _multi_rank_job() -> bool:
@@ -39,7 +39,7 @@ def _multi_rank_job() -> bool:
         return False
 
 
-def _checked(compressor: Sparsifier) -> Sparsifier:
+def _checked(compressor: Compressor) -> Compressor:
     error = compressor.config_error()
     if error is not None and not _multi_rank_job():
         raise ValueError(error)
@@ -58,11 +58,11 @@ def takes_density(factory) -> bool:
     return not isinstance(factory, type) and "density" in inspect.signature(factory).parameters
 
 
-def factory(cls: type[Sparsifier]):
+def factory(cls: type[Compressor]):
     """``cls``'s constructor, with the argument check of this module's docstring; it keeps
     ``cls``'s signature and docstring (``help(hvm.Compression.micro)``)."""
     @functools.wraps(cls)
-    def make(*args, **kwargs) -> Sparsifier:
+    def make(*args, **kwargs) -> Compressor:
         return _checked(cls(*args, **kwargs))
     return make
 
@@ -71,9 +71,9 @@ class _Registered(type):
     """Resolves ``Compression.<name>`` to the factory of the registered method ``name``."""
 
     def __getattr__(cls, name: str):
-        methods = registry.methods()
-        if name in methods:
-            return factory(methods[name])
+        known = registry.compressors()
+        if name in known:
+            return factory(known[name])
         raise AttributeError(f"Compression has no {name!r}; compressors: "
                              f"{', '.join(registry.compressor_names())}")
 
@@ -85,7 +85,7 @@ class Compression(metaclass=_Registered):
     """Factory of compressors, mirroring ``hvd.Compression``.
 
     ``Compression.none``/``fp16`` are Horovod's own; every sparse method registered in
-    :mod:`horovod_micro.sparsifiers.registry` is ``Compression.<name>(...)``, taking its
+    :mod:`horovod_micro.compressors.registry` is ``Compression.<name>(...)``, taking its
     class's arguments: ``micro(density, controller="bounded", judge=None,
     momentum_masking=None, capacity=None)``, ``topk(density)``, ``cltk(density)``,
     ``threshold(value=None, density=None)``, ``randomk(density, seed=0)``,

@@ -26,6 +26,13 @@ from .stats import StepStats, ring_allreduce_bytes
 class DenseExchange:
     """The dense path's methods, merged into ``hvm.DistributedOptimizer``'s class."""
 
+    def _scale_factors(self) -> tuple[float, float]:
+        """Horovod's prescale and postscale factors for ``op`` and
+        ``gradient_predivide_factor`` (the sparse path passes them to its ReduceOp)."""
+        if self.op == hvd.Average:
+            return 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
+        return 1.0, 1.0
+
     def _start_dense(self, p) -> None:
         group = self._groups.get(p) if self._groups else None
         if group is None:

@@ -31,13 +31,14 @@ from __future__ import annotations
 
 import abc
 import copy
+import os
 
 import torch
 from horovod.torch.elastic import state as torch_state
 from horovod.torch.functions import broadcast_optimizer_state, broadcast_parameters
 
 from .exchange import Comm
-from .validation import check_collectively
+from .validation import check_collectively, local_errors
 
 
 class ElasticOptimizer(abc.ABC):  # noqa: B024  (a marker: no abstract methods)
@@ -50,6 +51,20 @@ class ElasticMethods:
     def _check_comm(self) -> Comm:
         return Comm(self.process_set, prefix=f"hvm.ps{self.process_set.process_set_id}.check")
 
+    def _check_at_construction(self) -> bool:
+        """Check the arguments collectively, except under Elastic Horovod: a worker that
+        joins a running job builds its optimizer while the others already wait in the
+        state sync, so no collective may run there. The check then runs in the first
+        rebind (TorchState's sync, or the first ``synchronize()``). Returns whether this
+        rank may build its exchange (False: its own arguments are wrong, and that deferred
+        check reports it on every rank)."""
+        self._bound_size = self.process_set.size()
+        self._checked = os.environ.get("HOROVOD_ELASTIC") != "1"
+        if self._checked:
+            check_collectively(self._arguments(), self._check_comm())
+            return True
+        return not local_errors(self._arguments())
+
     def rebind(self) -> None:
         """Re-derive everything that depends on the process set's size, collectively.
 
@@ -58,7 +73,7 @@ class ElasticMethods:
         in place of the construction-time check. It checks the arguments collectively,
         re-partitions the flat gradient for the new ``n`` (ownership follows, since rank
         ``r`` owns part ``(t + r) mod n``), maps the controller's per-part state onto the
-        new parts, and then adopts the iteration and the sparsifier's state of the set's
+        new parts, and then adopts the iteration and the compressor's state of the set's
         first rank, so every rank holds the same. Residuals are left as they are (the
         documentation's usage page, "Elastic training").
         """
@@ -66,18 +81,18 @@ class ElasticMethods:
             return
         # On every rank, checked before or not: a newcomer's first check and a survivor's
         # rebind are the same collectives.
-        check_collectively(self, self._named, self._groups_argument, self._check_comm())
+        check_collectively(self._arguments(), self._check_comm())
         self._checked = True
         size = self.process_set.size()
         if self._reducer is not None:
-            self._reducer.sparsifier.rebind(size)
+            self._reducer.compressor.rebind(size)
             self._adopt_shared_state()
         self._bound_size = size
 
     def elastic_snapshot(self) -> dict:
         """This rank's whole optimizer state, copied to host-independent storage for
         ``hvd.elastic.TorchState``'s commit: the wrapped optimizer's state and, for sparse
-        methods, this rank's residual, the iteration, the sparsifier's state and the set
+        methods, this rank's residual, the iteration, the compressor's state and the set
         size it was sized for. Unlike :meth:`state_dict` it is restored only into this same
         process (:meth:`elastic_restore`), so it carries no rank check."""
         snapshot = {"optimizer": copy.deepcopy(super(self.__class__, self).state_dict())}
@@ -86,7 +101,7 @@ class ElasticMethods:
             snapshot["sparse"] = {"size": self._bound_size,
                                   "shared": copy.deepcopy(reducer.shared_state()),
                                   "residual": reducer.residual.detach().clone(),
-                                  "loss_scale": self._loss_scale}
+                                  "loss_scale": reducer.loss_scale}
         return snapshot
 
     def elastic_restore(self, snapshot: dict) -> None:
@@ -102,12 +117,12 @@ class ElasticMethods:
         if self._reducer is not None and sparse is not None:
             reducer = self._reducer
             if sparse["size"] != self._bound_size:
-                reducer.sparsifier.rebind(sparse["size"])
+                reducer.compressor.rebind(sparse["size"])
                 self._bound_size = sparse["size"]
             reducer.forget_views()
             reducer.residual.copy_(sparse["residual"])
             reducer.load_shared_state(copy.deepcopy(sparse["shared"]))
-            self._loss_scale = sparse["loss_scale"]
+            reducer.loss_scale = sparse["loss_scale"]
 
 
 class SparseOptimizerHandler(torch_state.StateHandler):

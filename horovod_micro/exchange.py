@@ -13,7 +13,7 @@ Every exchange starts with one ``allgather`` of an int32 block per rank::
   (which parameters are frozen); every rank raises or reacts identically, so one rank's
   bad input never leaves the others waiting;
 * ``report`` is what the rank reports about its selection, for the method's own use
-  (:class:`~horovod_micro.sparsifiers.base.Selection`).
+  (:class:`~horovod_micro.compressors.base.Selection`).
 
 An overflow that happens only on the wire (a float16 value beyond 65504, or a sum beyond
 the dtype's range) needs no status: it shows in the aggregate, which every rank holds
@@ -27,7 +27,7 @@ shape (:func:`gather_slots`): ``capacity`` index slots per rank behind a 4-integ
 the unused slots marked by the count, and the value allreduce over every rank's slots
 (``n * capacity`` values, zeros in the unused ones). MiCRO with its default controller
 holds each owner's count within about 10 % of ``k / n`` and sends in slots of ``1.2 k / n``
-(:class:`~horovod_micro.sparsifiers.micro.MicroCompressor`, ``capacity=``). A count with
+(:class:`~horovod_micro.compressors.micro.MicroCompressor`, ``capacity=``). A count with
 no such bound (a fixed threshold, MiCRO's shared-threshold controllers, whose counts
 scatter by tens of percent) would need a capacity far above the mean, so those keep exact
 variable-size blocks (:func:`gather_indices`): ``[status, count, report, indices]``. Top-k,
@@ -102,7 +102,7 @@ class Comm:
 
     # The three collectives every sparse exchange is built from. Everything in this module
     # goes through them, so an in-process group (horovod_micro.testing.loopback) can stand in for
-    # Horovod in unit tests of a sparsifier.
+    # Horovod in unit tests of a compressor.
     def allgather(self, tensor: torch.Tensor, role: str) -> torch.Tensor:
         """Every rank's ``tensor`` concatenated along dim 0, in rank order."""
         with bounded(self.name(role), self.timeout):
@@ -181,7 +181,7 @@ def gather_indices(comm: Comm, indices: torch.Tensor, status: int, traffic: Traf
     per_rank, statuses, checks, reports, sizes = [], [], [], [], []
     pos, head = 0, header.numel()
     for _ in range(comm.size):
-        rank_status, count, rank_report = (int(v) for v in host[pos : pos + head])
+        rank_status, count, rank_report = host[pos : pos + head].tolist()  # one read
         code, check = split_status(rank_status)
         statuses.append(code)
         checks.append(check)

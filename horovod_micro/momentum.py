@@ -56,3 +56,12 @@ def mask_momentum(optimizer: torch.optim.Optimizer, params: list[torch.nn.Parame
         buffer.view(-1).index_fill_(0, ordered[lo:hi] - slices[i][0], 0.0)
         masked += 1
     return masked
+
+
+def mask_applied(optimizer: torch.optim.Optimizer, reducer) -> None:
+    """After the wrapped optimizer's step: mask the momentum at the coordinates the
+    reducer's last exchange applied, once per exchange, where its compressor masks at this
+    number of ranks (``reducer``: a :class:`~horovod_micro.reducer.SparseReducer`)."""
+    applied, reducer.applied = reducer.applied, None
+    if applied is not None and reducer.compressor.masks(reducer.comm.size):
+        mask_momentum(optimizer, reducer.layout.params, reducer.layout.slices, applied)

@@ -28,19 +28,18 @@ float64), as CUDA tensors do.
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Callable
 
 import torch
 
-from .accumulate import add_and_square
+from .compressors.base import Aggregate, Compressor, ReduceOp
 from .exchange import Comm, Traffic
 from .layout import FlatLayout
+from .reducer_state import ReducerCheckpoint
 from .residual_views import ResidualViews
-from .sparsifiers.base import Aggregate, ReduceOp, Sparsifier
 from .stats import PhaseClock, StepStats, phase_sync
-from .status import GRAPH_GRADIENT, NONFINITE, OK, SPARSE_GRADIENT, step_check, with_check
+from .status import NONFINITE, OK, step_check, with_check
 
 
 def _all_finite(acc: torch.Tensor, sq_norm: float) -> bool:
@@ -52,10 +51,29 @@ def _all_finite(acc: torch.Tensor, sq_norm: float) -> bool:
     return math.isfinite(sq_norm) or bool(torch.isfinite(acc).all())
 
 
-def _sum_of_squares(x: torch.Tensor) -> float:
-    """``x . x`` accumulated in float64 (one conversion of the k-sized ``x``)."""
+def _sum_of_squares(x: torch.Tensor) -> torch.Tensor:
+    """``x . x`` accumulated in float64 (one conversion of the k-sized ``x``), on the
+    device: no host read."""
     x = x.double()
-    return float(torch.dot(x, x))
+    return torch.dot(x, x)
+
+
+def _norm_on_read(squared: torch.Tensor, exact_below: float, residual: torch.Tensor
+                  ) -> Callable[[], float]:
+    """The residual's norm as :class:`~horovod_micro.stats.StepStats` reads it, from its
+    square ``squared`` (a device tensor) computed without a pass over N. Should that
+    square be below ``exact_below`` (a difference of sums that may be rounding, or an
+    overflow), one exact pass over ``residual``, while it is unchanged."""
+    version = residual._version
+
+    def read() -> float:
+        value = float(squared)
+        if value >= exact_below and math.isfinite(value):
+            return math.sqrt(value)
+        if residual._version == version:
+            return _norm(residual)
+        return math.sqrt(min(max(value, 0.0), math.inf))
+    return read
 
 
 def _norm(x: torch.Tensor) -> float:
@@ -69,25 +87,27 @@ def _norm(x: torch.Tensor) -> float:
     return norm
 
 
-class SparseReducer:
-    """Runs a :class:`Sparsifier` over the flat gradient of a fixed list of parameters."""
+class SparseReducer(ReducerCheckpoint):
+    """Runs a :class:`Compressor` over the flat gradient of a fixed list of parameters."""
 
-    def __init__(self, layout: FlatLayout, sparsifier: Sparsifier, comm: Comm,
+    def __init__(self, layout: FlatLayout, compressor: Compressor, comm: Comm,
                  reduction: ReduceOp,
                  stats_callback: Callable[[StepStats], None] | None = None,
                  zero_copy: bool = True):
         self.layout = layout
-        self.sparsifier = sparsifier
+        self.compressor = compressor
         self.comm = comm
         self.reduction = reduction
         self.stats_callback = stats_callback
         self.iteration = 0
+        self.loss_scale = 1.0  # the units of the residual and the threshold
         self.last_stats: StepStats | None = None
-        sparsifier.bind_shapes([tuple(p.shape) for p in layout.params])
-        sparsifier.bind(layout.numel, comm)
+        compressor.bind_shapes([tuple(p.shape) for p in layout.params])
+        compressor.bind(layout.numel, comm)
         self.residual = torch.zeros(layout.numel, dtype=layout.dtype, device=layout.device)
         self.output = torch.zeros(layout.numel, dtype=layout.dtype, device=layout.device)
-        # Zero-copy error feedback (see _error_compensated): .grad as views of the residual.
+        # Zero-copy error feedback: .grad as views of the residual
+        # (ResidualViews.error_compensated).
         self.views = ResidualViews(layout, zero_copy)
         # The output's support as this step wrote it, and the output's version counter
         # then (see _clear_output): the next step clears only those coordinates.
@@ -108,7 +128,7 @@ class SparseReducer:
         ``reported``: an error status the caller found on this rank (PARAMS_CHANGED),
         raised collectively like the reducer's own.
 
-        If the exchange raises, nothing was applied: the iteration and the sparsifier's
+        If the exchange raises, nothing was applied: the iteration and the compressor's
         state are those from before the call, and ``a_t`` is kept whole. Where backward
         wrote into the residual (:meth:`install_residual_views`), the residual keeps
         ``a_t``, this step's gradient included, and ``.grad`` still shows it; a gradient
@@ -116,7 +136,10 @@ class SparseReducer:
         """
         clock = PhaseClock(self.phase_sync)
         watching = self.views.check(self.residual)
-        acc, status, in_place, sq_norm = self._error_compensated(watching)
+        acc, status, in_place, sq_norm = self.views.error_compensated(
+            self.residual, self.output, watching)
+        if not in_place:  # a_t was written over the output's support
+            self._written = None
         clock.lap("accumulate")
         if sq_norm is None:  # not squared on the way (zero-copy, or no native kernel)
             sq_norm = float(torch.dot(acc, acc))
@@ -125,13 +148,13 @@ class SparseReducer:
         if reported != OK:
             status = reported
         clock.lap("check")
-        self.sparsifier.prepare(sq_norm)
-        selection = self.sparsifier.select(acc, self.iteration)
+        self.compressor.prepare(sq_norm)
+        selection = self.compressor.select(acc, self.iteration)
         clock.lap("select")
 
         traffic = Traffic()
         word = with_check(status, step_check(self.layout.params))
-        reduced = self.sparsifier.exchange(acc, selection, word, self.iteration,
+        reduced = self.compressor.exchange(acc, selection, word, self.iteration,
                                            self.reduction, traffic)
         clock.lap("exchange")
         if not in_place:  # a_t was built in the output buffer: the buffers trade roles
@@ -147,7 +170,7 @@ class SparseReducer:
             residual_norm = self._skip(reduced)
         else:
             residual_norm = self._apply(reduced, sq_norm)
-        if not self.sparsifier.error_feedback:
+        if not self.compressor.error_feedback:
             self.residual.zero_()
             residual_norm = 0.0
         clock.lap("update")
@@ -158,14 +181,14 @@ class SparseReducer:
         counts = reduced.gathered.counts
         stats = StepStats(
             iteration=self.iteration,
-            method=self.sparsifier.name,
+            method=self.compressor.name,
             numel=self.layout.numel,
-            target_count=self.sparsifier.target_count,
+            target_count=self.compressor.target_count,
             threshold=reduced.threshold,
             rank_counts=counts,
             global_count=int(reduced.indices.numel()),
             density=reduced.indices.numel() / self.layout.numel,
-            target_density=self.sparsifier.density,
+            target_density=self.compressor.density,
             bytes_sent=traffic.sent,
             bytes_received=traffic.received,
             residual_norm=residual_norm,
@@ -180,10 +203,11 @@ class SparseReducer:
             self.stats_callback(stats)
         return stats
 
-    def _apply(self, reduced: Aggregate, sq_norm: float) -> float:
+    def _apply(self, reduced: Aggregate, sq_norm: float) -> float | Callable[[], float]:
         """A finite step: the aggregate becomes the output; where this rank's value went
         into it, the residual keeps only what the wire lost (0 in full precision, the
-        float16 rounding error with ``fp16_values``). Returns the residual's norm."""
+        float16 rounding error with ``fp16_values``). Returns the residual's norm, or the
+        function that computes it on read (:func:`_norm_on_read`)."""
         acc = self.residual
         if reduced.kept is not None and reduced.kept.numel() == acc.numel():
             return self._apply_everywhere(reduced)
@@ -193,35 +217,33 @@ class SparseReducer:
         contributed = (applied if reduced.contributed is reduced.indices
                        else reduced.contributed.long())
         sent = acc.index_select(0, contributed)
-        kept = self.sparsifier.wire_error(sent) if reduced.kept is None else reduced.kept
+        kept = self.compressor.wire_error(sent) if reduced.kept is None else reduced.kept
         acc.index_copy_(0, contributed, kept)
         self._clear_output()
         self.output.index_copy_(0, applied, reduced.values.to(self.output.dtype))
         self._written = (self.output, applied, self.output._version)
         self.applied = applied
-        self.sparsifier.observe(reduced)
+        self.compressor.observe(reduced)
         if not math.isfinite(sq_norm):  # ||a||^2 overflowed on finite entries
             return _norm(acc)
         # ||a||^2 - ||sent||^2 + ||kept||^2 (float64 sums over k entries): no second pass
         # over N, unless nearly all of ||a||^2 was sent and the difference would be
         # rounding (a 1e20 entry sent, the rest of order 1): then one exact pass.
         rest = sq_norm - _sum_of_squares(sent) + _sum_of_squares(kept)
-        if not rest >= 1e-6 * sq_norm:
-            return _norm(acc)
-        return math.sqrt(rest)
+        return _norm_on_read(rest, 1e-6 * sq_norm, acc)
 
-    def _apply_everywhere(self, reduced: Aggregate) -> float:
+    def _apply_everywhere(self, reduced: Aggregate) -> Callable[[], float]:
         """A finite step of a method whose aggregate covers every coordinate (PowerSGD):
         two copies, no index pass and no clearing (the whole output is overwritten)."""
         self.residual.copy_(reduced.kept)
         self.output.copy_(reduced.values)
         self._written = None
         self.applied = reduced.indices
-        self.sparsifier.observe(reduced)
+        self.compressor.observe(reduced)
         # In the buffer's dtype (several times faster than a float64 pass over N), unless
         # that overflows.
-        norm = float(torch.linalg.vector_norm(self.residual))
-        return norm if math.isfinite(norm) else _norm(self.residual)
+        squared = torch.linalg.vector_norm(self.residual).double().square()
+        return _norm_on_read(squared, 0.0, self.residual)
 
     def _clear_output(self) -> None:
         """Zero the output buffer before this step's aggregate goes in.
@@ -262,59 +284,6 @@ class SparseReducer:
         acc.index_fill_(0, overflowed.long(), 0.0)
         return _norm(acc)
 
-    def _error_compensated(self, watching: bool
-                           ) -> tuple[torch.Tensor, int, bool, float | None]:
-        """``a_t = e_t + g_t``: the buffer that holds it, the status this rank reports in
-        the exchange, whether that buffer is the residual itself, and ``||a_t||^2`` when
-        it was taken on the way (None: the caller takes it).
-
-        Zero-copy error feedback. When every gradient is a view of the residual (installed
-        by :meth:`install_residual_views`, which the optimizer's ``zero_grad()`` calls),
-        backward has already added ``g_t`` to ``e_t`` in place (AccumulateGrad's add, in the
-        backward pass's time), and the reducer spends no pass at all. Otherwise (the first
-        step, ``.grad`` set to None or assigned), ``a_t`` is
-        written out of place into the output buffer, which the optimizer no longer needs,
-        so a collective error leaves the residual untouched; a gradient that already is a
-        residual view contributes its slice as it stands. The out-of-place pass reads and
-        writes N; on contiguous float32 CPU tensors it also squares ``a_t`` on the way
-        (:mod:`horovod_micro.accumulate`), so the norm needs no pass of its own."""
-        status = OK
-        grads = []
-        in_place = True
-        for i, (p, (start, _)) in enumerate(zip(self.layout.params, self.layout.slices)):
-            grad = p.grad
-            self.views.dense_before[i] = grad is not None and not grad.is_sparse
-            if grad is not None and grad.is_sparse:
-                status, grad = SPARSE_GRADIENT, None
-            view = grad is not None and self.views.is_view(grad, start, self.residual)
-            if not view and grad is not None and grad.requires_grad:
-                if watching:
-                    # backward(create_graph=True) replaced the view by view + g_t: a_t is
-                    # in there, but so is e_t, and nothing tells the two cases apart.
-                    status, grad = GRAPH_GRADIENT, None
-                else:  # the exchange is not differentiable (nor is Horovod's allreduce)
-                    grad = grad.detach()
-            in_place = in_place and (view or grad is None)
-            grads.append(None if view else grad)
-        if in_place:
-            return self.residual, status, True, None
-        acc = self.output
-        self._written = None  # the output's support is about to be overwritten
-        sq_norm: float | None = 0.0
-        for grad, (start, end) in zip(grads, self.layout.slices):
-            e, a = self.residual[start:end], acc[start:end]
-            g = None if grad is None else grad.reshape(-1)
-            squared = None if sq_norm is None else add_and_square(e, g, a)
-            if squared is not None:
-                sq_norm += squared
-                continue
-            sq_norm = None  # a slice the kernel cannot serve: torch adds, and squares later
-            if g is None:
-                a.copy_(e)
-            else:
-                torch.add(e, g, out=a)
-        return acc, status, False, sq_norm
-
     def forget_views(self) -> None:
         """The residual is about to be overwritten whole (an elastic restore)."""
         self.views.forget()
@@ -347,65 +316,13 @@ class SparseReducer:
         written = self._aggregate_grads
         return bool(written) and all(p.grad is view for p, view in written)
 
-    def rescale(self, ratio: float) -> None:
-        """Gradients now come in units ``ratio`` times the previous ones (a loss scale
-        changed): the residual and the sparsifier's threshold follow, so that error
-        feedback adds like to like and the density holds."""
-        self.residual.mul_(ratio)
-        self.sparsifier.rescale(ratio)
-
-    # ----- checkpointing ----------------------------------------------------------------
-    def shared_state(self) -> dict:
-        """What every rank of the set holds identically: the iteration and the
-        sparsifier's state (e.g. MiCRO's controller). Not the residual, which is per rank."""
-        return {"iteration": self.iteration, "sparsifier": self.sparsifier.state_dict()}
-
-    def load_shared_state(self, state: dict) -> None:
-        self.iteration = int(state["iteration"])
-        self.sparsifier.load_state_dict(state["sparsifier"])
-
-    def state_dict(self) -> dict:
-        return {
-            **self.shared_state(),
-            "numel": self.layout.numel,
-            "config": self.sparsifier.config(),
-            "rank": self.comm.rank,
-            "size": self.comm.size,
-            "residual": self.residual.detach().clone(),
-        }
-
-    def load_state_dict(self, state: dict) -> None:
-        if state["numel"] != self.layout.numel:
-            raise ValueError(f"checkpoint holds a {state['numel']}-element residual, this "
-                             f"model has {self.layout.numel} elements")
-        if state["config"] != self.sparsifier.config():
-            raise ValueError(f"checkpoint was made with {state['config']}, this optimizer "
-                             f"uses {self.sparsifier.config()}")
-        saved_rank = state.get("rank", self.comm.rank)
-        saved_size = state.get("size", self.comm.size)
-        if saved_rank != self.comm.rank:
-            raise ValueError(
-                f"this optimizer state is rank {saved_rank} of {saved_size}'s, but this is "
-                f"rank {self.comm.rank}: the error-feedback residual belongs to the rank that "
-                "accumulated it. Load each rank's own optimizer state, or load on rank 0 only "
-                "and call hvd.broadcast_optimizer_state(optimizer, 0) on every rank (the "
-                "iteration and the sparsifier's state then follow rank 0; the other ranks "
-                "restart with an empty residual)")
-        residual = state["residual"]
-        if not isinstance(residual, torch.Tensor) or residual.numel() != self.layout.numel:
-            raise ValueError("checkpoint's residual does not match this model")
-        # All or nothing: the sparsifier's state is loaded for the saved number of ranks
-        # and then mapped onto this one's (as an elastic reset does); if any of it fails,
-        # the state from before stays.
-        size, before = self.comm.size, copy.deepcopy(self.shared_state())
-        try:
-            if saved_size != size:
-                self.sparsifier.rebind(saved_size)
-            self.load_shared_state(state)
-        except Exception:
-            self.sparsifier.rebind(size)
-            self.load_shared_state(before)
-            raise
-        if saved_size != size:
-            self.sparsifier.rebind(size)
-        self.residual.copy_(residual)
+    def follow_loss_scale(self, scale: float) -> None:
+        """Gradients now come scaled by ``scale`` (a GradScaler's, which doubles after
+        ``growth_interval`` clean steps and halves on an overflow): the residual and the
+        compressor's threshold follow, so that error feedback adds like to like and the
+        density holds. Both start unscaled (MiCRO's first threshold is a gradient
+        magnitude)."""
+        if scale != self.loss_scale:
+            ratio, self.loss_scale = scale / self.loss_scale, scale
+            self.residual.mul_(ratio)
+            self.compressor.rescale(ratio)

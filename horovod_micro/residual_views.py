@@ -15,7 +15,9 @@ import warnings
 
 import torch
 
+from .accumulate import add_and_square
 from .layout import FlatLayout
+from .status import GRAPH_GRADIENT, OK, SPARSE_GRADIENT
 
 
 class ResidualViews:
@@ -97,3 +99,55 @@ class ResidualViews:
                 p.grad = None
         self._version = residual._version if self.enabled else None
         self._accumulations = 0
+
+    def error_compensated(self, residual: torch.Tensor, output: torch.Tensor, watching: bool
+                          ) -> tuple[torch.Tensor, int, bool, float | None]:
+        """``a_t = e_t + g_t``: the buffer that holds it, the status this rank reports in
+        the exchange, whether that buffer is the residual itself, and ``||a_t||^2`` when
+        it was taken on the way (None: the caller takes it).
+
+        Zero-copy error feedback. When every gradient is a view of the residual (installed
+        by :meth:`install`, which the optimizer's ``zero_grad()`` calls),
+        backward has already added ``g_t`` to ``e_t`` in place (AccumulateGrad's add, in the
+        backward pass's time), and the reducer spends no pass at all. Otherwise (the first
+        step, ``.grad`` set to None or assigned), ``a_t`` is
+        written out of place into the output buffer, which the optimizer no longer needs,
+        so a collective error leaves the residual untouched; a gradient that already is a
+        residual view contributes its slice as it stands. The out-of-place pass reads and
+        writes N; on contiguous float32 CPU tensors it also squares ``a_t`` on the way
+        (:mod:`horovod_micro.accumulate`), so the norm needs no pass of its own."""
+        status = OK
+        grads = []
+        in_place = True
+        for i, (p, (start, _)) in enumerate(zip(self.layout.params, self.layout.slices)):
+            grad = p.grad
+            self.dense_before[i] = grad is not None and not grad.is_sparse
+            if grad is not None and grad.is_sparse:
+                status, grad = SPARSE_GRADIENT, None
+            view = grad is not None and self.is_view(grad, start, residual)
+            if not view and grad is not None and grad.requires_grad:
+                if watching:
+                    # backward(create_graph=True) replaced the view by view + g_t: a_t is
+                    # in there, but so is e_t, and nothing tells the two cases apart.
+                    status, grad = GRAPH_GRADIENT, None
+                else:  # the exchange is not differentiable (nor is Horovod's allreduce)
+                    grad = grad.detach()
+            in_place = in_place and (view or grad is None)
+            grads.append(None if view else grad)
+        if in_place:
+            return residual, status, True, None
+        acc = output
+        sq_norm: float | None = 0.0
+        for grad, (start, end) in zip(grads, self.layout.slices):
+            e, a = residual[start:end], acc[start:end]
+            g = None if grad is None else grad.reshape(-1)
+            squared = None if sq_norm is None else add_and_square(e, g, a)
+            if squared is not None:
+                sq_norm += squared
+                continue
+            sq_norm = None  # a slice the kernel cannot serve: torch adds, and squares later
+            if g is None:
+                a.copy_(e)
+            else:
+                torch.add(e, g, out=a)
+        return acc, status, False, sq_norm

@@ -1,4 +1,4 @@
-"""Local selection primitives shared by the sparsifiers.
+"""Local selection primitives shared by the compressors.
 
 :class:`ThresholdSelector` is the threshold methods' selection (MiCRO's and the hard
 threshold's; MiCRO's drift judge builds on it): the indices of ``|x| >= threshold`` in one

@@ -27,6 +27,26 @@ if TYPE_CHECKING:
     import torch
 
 
+class _OnRead:
+    """A float field whose value may be given as a function, called on the first read
+    (and then kept): a statistic that costs a host read of a device tensor is paid only
+    when someone reads it."""
+
+    def __set_name__(self, owner, name: str) -> None:
+        self._slot = "_" + name
+
+    def __get__(self, obj, owner=None):
+        if obj is None:  # the dataclass asks for the default
+            return 0.0
+        value = obj.__dict__[self._slot]
+        if callable(value):
+            value = obj.__dict__[self._slot] = float(value())
+        return value
+
+    def __set__(self, obj, value) -> None:
+        obj.__dict__[self._slot] = value
+
+
 @dataclass
 class StepStats:
     """What one exchange did, as seen by this rank.
@@ -43,7 +63,11 @@ class StepStats:
         target_density: the user-set density (1.0 for dense methods).
         bytes_sent, bytes_received: this rank's traffic for the exchange (ring model).
         residual_norm: L2 norm of this rank's error-feedback residual after the exchange
-            (finite for any finite residual: no float32 square overflows it).
+            (finite for any finite residual: no float32 square overflows it). Computed on
+            its first read (on a GPU a host read), so a step nobody asks it of pays none.
+            Read it before the next exchange for an exact value: afterwards, in the rare
+            case that needs a pass over the residual (nearly all of its energy was sent),
+            it is the float64 difference of the sums of squares, clamped at 0.
         select_time: seconds spent selecting on this rank (including flattening and the
             residual update).
         comm_time: seconds spent in collectives on this rank, waiting included.
@@ -67,7 +91,7 @@ class StepStats:
     target_density: float = 1.0
     bytes_sent: int = 0
     bytes_received: int = 0
-    residual_norm: float = 0.0
+    residual_norm: float = _OnRead()  # type: ignore[assignment]
     select_time: float = 0.0
     comm_time: float = 0.0
     nonfinite: bool = False

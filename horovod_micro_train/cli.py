@@ -13,7 +13,7 @@ import argparse
 import ast
 from collections.abc import Sequence
 
-from horovod_micro.sparsifiers.registry import compressor_names
+from horovod_micro.compressors.registry import compressor_names
 
 
 class TrainError(RuntimeError):

@@ -2,8 +2,8 @@
 
     python jobs/matrix.py --launcher local --data-dir /data --out-dir /runs --dry-run
 
-builds one ``python -m horovod_micro_train`` run per (dataset, model, compressor, density, worker count)
-and either prints the commands (``--dry-run``) or runs them one after another. The
+builds one ``python -m horovod_micro_train`` run per (dataset, model, compressor, density,
+worker count) and either prints the commands (``--dry-run``) or runs them one after another. The
 launchers in this folder are thin wrappers around it: ``single_node.sh`` (``-H
 localhost:N``), ``multi_node.sh`` (``-H host1:8,host2:8`` or ``--hostfile``),
 ``submit_slurm.sh`` (``--submit``: one SLURM array task per configuration) and
@@ -17,7 +17,8 @@ runs or prints configuration I only. The numbering does not depend on the hosts:
 submitted from a login node and the tasks inside their allocations agree.
 
 Only the standard library is needed. Every training command is checked with the real
-parser (``horovod_micro_train.cli.parse_args``) before anything runs, when ``train`` can be imported.
+parser (``horovod_micro_train.cli.parse_args``) before anything runs, when
+``horovod_micro_train`` can be imported.
 """
 
 from __future__ import annotations
@@ -262,7 +263,8 @@ def build_runs(opts, extra: list[str], need_slots: bool = True) -> list[Run]:
     env = network_env(opts)
     runs = []
     for name, args, np in matrix(opts, extra):
-        launch = [] if unknown else launch_prefix(opts, np, hosts) + [opts.python, "-m", "horovod_micro_train"]
+        launch = [] if unknown else [*launch_prefix(opts, np, hosts), opts.python, "-m",
+                                     "horovod_micro_train"]
         runs.append(Run(name=name, np=np, train_args=args, env=env, launch=launch))
     return runs
 

@@ -1,4 +1,4 @@
-"""Rank bodies for the baseline-sparsifier tests (run by multirank.run_ranks).
+"""Rank bodies for the baseline-compressor tests (run by multirank.run_ranks).
 
 Several methods run in one launch (one optimizer each, one after the other): a launch
 costs seconds, an exchange of a few hundred elements milliseconds.

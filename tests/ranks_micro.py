@@ -181,4 +181,4 @@ def negotiations(steps, capacity=None, density=0.01, method="micro", options=Non
         elif line.startswith("=== step"):
             per_step.append(current)
             current = 0
-    return {"per_step": per_step, "slots": getattr(opt._reducer.sparsifier, "slots", None)}
+    return {"per_step": per_step, "slots": getattr(opt._reducer.compressor, "slots", None)}

@@ -75,8 +75,8 @@ def checkpoint_resume(first, second, density=0.02):
         "max_residual_diff": float((straight_state["residual"]
                                     - resumed_state["residual"]).abs().max()),
         "iterations": [straight_state["iteration"], resumed_state["iteration"]],
-        "thresholds": [repr(straight_state["sparsifier"]["controller"]),
-                       repr(resumed_state["sparsifier"]["controller"])],
+        "thresholds": [repr(straight_state["compressor"]["controller"]),
+                       repr(resumed_state["compressor"]["controller"])],
         "threshold_restored": restored_controller == saved_controller,
         "residual_nonzero": bool(straight_state["residual"].abs().sum() > 0),
     }

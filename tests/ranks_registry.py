@@ -30,17 +30,17 @@ def plugin_steps(numel, steps, density):
 
 
 def local_selection(numel):
-    """What each sparsifier selects from a rank's own flat tensor (no communication)."""
+    """What each compressor selects from a rank's own flat tensor (no communication)."""
     from horovod_micro.exchange import Comm
 
     x = torch.randn(numel, generator=torch.Generator().manual_seed(hvd.rank())).view(-1, 10)
     out = {"x": x.tolist()}
     for name, kwargs in [("topk", {"density": 0.1}), ("micro", {"density": 0.1}),
                          ("randomk", {"density": 0.1, "seed": 3})]:
-        sparsifier = getattr(hvm.Compression, name)(**kwargs)
-        sparsifier.bind(numel, Comm(prefix=f"compress.{name}"))
-        indices = sparsifier.select(x.reshape(-1), 1).indices.long()
-        out[name] = {"indices": indices.tolist(), "threshold": sparsifier.threshold()}
+        compressor = getattr(hvm.Compression, name)(**kwargs)
+        compressor.bind(numel, Comm(prefix=f"compress.{name}"))
+        indices = compressor.select(x.reshape(-1), 1).indices.long()
+        out[name] = {"indices": indices.tolist(), "threshold": compressor.threshold()}
     return out
 
 

@@ -1,4 +1,4 @@
-"""Independent single-process references of the baseline sparsifiers.
+"""Independent single-process references of the baseline compressors.
 
 Written from the methods' definitions (their papers), in the style of ``simulation.py``: n
 workers live in one process as n residual vectors, every collective is a Python sum,

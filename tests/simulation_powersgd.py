@@ -1,6 +1,6 @@
 """PowerSGD on n workers in one process, written from the paper's Algorithm 1 (Vogels et
 al., NeurIPS 2019) with error feedback and a warm start, independently of
-:mod:`horovod_micro.sparsifiers.powersgd`: orthonormalisation by Householder QR in float64
+:mod:`horovod_micro.compressors.powersgd`: orthonormalisation by Householder QR in float64
 (the library runs Gram-Schmidt in the gradient's dtype), one matrix at a time, no flat
 buffers, no batching.
 """

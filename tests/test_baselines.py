@@ -1,4 +1,4 @@
-"""The baseline sparsifiers on real ranks equal independent simulations.
+"""The baseline compressors on real ranks equal independent simulations.
 
 Three launches (each costs seconds, so each runs many methods): 2 Gloo ranks (every
 method and variant, build-up, NaN/Inf, argument errors on one rank raising on every rank),
@@ -27,7 +27,7 @@ from simulation_baselines import (
 )
 
 import horovod_micro as hvm
-from horovod_micro.sparsifiers.randomk import shared_indices
+from horovod_micro.compressors.randomk import shared_indices
 
 NUMEL, ITERATIONS, SEED, DENSITY, VALUE = 600, 6, 3, 0.02, 0.03
 K = math.floor(DENSITY * NUMEL)
@@ -265,10 +265,10 @@ def test_factory_rejects_bad_arguments_at_once(factory, kwargs, message):
     ("randomk", {"density": 0.01, "seed": 3}), ("threshold", {"value": 0.1}),
     ("threshold", {"density": 0.01}),
 ])
-def test_factories_return_fresh_sparsifiers(factory, kwargs):
+def test_factories_return_fresh_compressors(factory, kwargs):
     a = getattr(hvm.Compression, factory)(**kwargs, error_feedback=False, fp16_values=True)
     b = getattr(hvm.Compression, factory)(**kwargs)
-    assert isinstance(a, hvm.Sparsifier) and a is not b
+    assert isinstance(a, hvm.Compressor) and a is not b
     assert a.config()["method"] == factory and a.config_error() is None
     assert not a.error_feedback and a.fp16_values and b.error_feedback
 

@@ -1,4 +1,4 @@
-"""Every registered method's byte model (``Sparsifier.modeled_bytes``, what projections to
+"""Every registered method's byte model (``Compressor.modeled_bytes``, what projections to
 other worker counts use) against the bytes its exchange counts on real Gloo ranks, at n = 2
 and 3. Derived from the registry: a new method is checked without editing this file."""
 
@@ -8,7 +8,7 @@ from multirank import run_ranks
 
 import horovod_micro as hvm
 from horovod_micro.compression import takes_density
-from horovod_micro.sparsifiers import registry
+from horovod_micro.compressors import registry
 
 DENSITY, STEPS = 0.05, 4
 SHAPES = [(40, 30), (40,), (5, 40), (5,)]  # the rank body's two Linear layers
@@ -22,9 +22,9 @@ def example(name: str) -> dict:
 
 def model_of(name: str, n: int) -> float:
     """The modeled bytes of the busiest rank."""
-    sparsifier = getattr(hvm.Compression, name)(**example(name))
-    sparsifier.bind_shapes(SHAPES)
-    return sparsifier.modeled_bytes(n, NUMEL)
+    compressor = getattr(hvm.Compression, name)(**example(name))
+    compressor.bind_shapes(SHAPES)
+    return compressor.modeled_bytes(n, NUMEL)
 
 
 #: Methods whose count is the data's: the hard threshold selects whatever the gradient

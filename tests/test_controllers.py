@@ -6,8 +6,8 @@ import random
 import pytest
 
 import horovod_micro as hvm
-from horovod_micro.sparsifiers.micro.density_controller import DensityController, PaperController
-from horovod_micro.sparsifiers.micro.part_controller import PartController, closest_step
+from horovod_micro.compressors.micro.density_controller import DensityController, PaperController
+from horovod_micro.compressors.micro.part_controller import PartController, closest_step
 
 
 def test_unknown_controller_is_a_config_error():

@@ -145,7 +145,7 @@ def test_graceful_removal_rebinds_at_the_next_exchange(tmp_path):
     assert {f["iteration"] for f in finals} == {50}
     assert len({f["weights"] for f in finals}) == 1
     assert len({f["controller"] for f in finals}) == 1
-    controller = json.loads(finals[0]["controller"])["sparsifier"]["controller"]
+    controller = json.loads(finals[0]["controller"])["compressor"]["controller"]
     assert len(controller["log_multipliers"]) == 2
     survivor = rows[finals[0]["pid"]]
     assert {survivor[i]["size"] for i in range(20, 50)} == {2}
@@ -242,8 +242,8 @@ def test_train_elastic_kill_and_add(tmp_path):
 def test_part_multipliers_map_by_overlap():
     """Each new part's log-multiplier is the overlap-weighted mean of the old parts' over
     its coordinates (computed here by expanding to one value per coordinate)."""
-    from horovod_micro.sparsifiers.micro.part_controller import PartController
-    from horovod_micro.sparsifiers.micro.partition import part_bounds
+    from horovod_micro.compressors.micro.part_controller import PartController
+    from horovod_micro.compressors.micro.partition import part_bounds
 
     numel = 1003
     for old_n, new_n in [(3, 2), (2, 3), (4, 4), (5, 1), (1, 7)]:

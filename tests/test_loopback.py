@@ -1,5 +1,5 @@
 """Every registered method on n in-process ranks (horovod_micro.testing.loopback) equals the same
-independent simulations the multi-rank tests use: a sparsifier's unit tests in
+independent simulations the multi-rank tests use: a compressor's unit tests in
 milliseconds, no horovodrun. (The real multi-rank tests stay: tests/test_baselines.py,
 tests/test_micro_exchange.py.)"""
 
@@ -13,10 +13,10 @@ from simulation import BoundedRule, rank_gradient, simulate_micro
 from test_baselines import ALL_METHODS, ITERATIONS, NUMEL, SEED, VARIANTS, check_traces
 
 import horovod_micro as hvm
+from horovod_micro.compressors import registry
+from horovod_micro.compressors.base import ReduceOp
 from horovod_micro.layout import FlatLayout
 from horovod_micro.reducer import SparseReducer
-from horovod_micro.sparsifiers import registry
-from horovod_micro.sparsifiers.base import ReduceOp
 from horovod_micro.testing.loopback import LoopbackGroup
 
 SPECS = {spec["label"]: spec for spec in ALL_METHODS + VARIANTS}
@@ -164,3 +164,31 @@ def test_reducer_synchronises_at_every_phase_boundary_when_asked(monkeypatch):
         assert laps == ["accumulate", "check", "select", "exchange_local", "update",
                         "write_back"]
         assert calls == 1 + len(laps)
+
+
+def test_a_checkpoint_from_before_the_compressor_rename_loads():
+    """Optimizer states saved when the base class was ``Sparsifier`` keep the compressor's
+    state under ``"sparsifier"``: it loads into the compressor, as under the new key."""
+
+    def body(comm):
+        def reducer():
+            param = torch.nn.Parameter(torch.zeros(NUMEL))
+            return param, SparseReducer(FlatLayout([("flat", param)]),
+                                        hvm.Compression.micro(0.02), comm,
+                                        ReduceOp(hvd.Average))
+
+        (param, saved), (_, old), (_, new) = reducer(), reducer(), reducer()
+        for t in range(3):
+            param.grad = rank_gradient(comm.rank, t, NUMEL, SEED)
+            saved.reduce()
+        state = saved.state_dict()
+        legacy = {("sparsifier" if k == "compressor" else k): v for k, v in state.items()}
+        old.load_state_dict(legacy)
+        new.load_state_dict(state)
+        return (repr(saved.compressor.state_dict()), repr(old.compressor.state_dict()),
+                repr(new.compressor.state_dict()), old.iteration)
+
+    for saved, old, new, iteration in LoopbackGroup(2).run(body):
+        assert old == saved == new
+        assert iteration == 3
+        assert "controller" in saved

@@ -14,7 +14,7 @@ from simulation import (
     simulate_micro,
 )
 
-from horovod_micro.sparsifiers.micro.density_controller import DensityController
+from horovod_micro.compressors.micro.density_controller import DensityController
 
 
 def _check_against_simulation(results, n, numel, iterations, seed, skew, average=True,

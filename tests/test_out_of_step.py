@@ -116,9 +116,9 @@ def test_checkpoint_of_two_ranks_resumes_on_three(tmp_path):
 
 def test_numpy_densities_are_numbers():
     for density in (np.float32(0.05), np.float64(0.05), np.int64(1)):
-        sparsifier = hvm.Compression.micro(density=density)
-        assert type(sparsifier.density) is float
-        assert math.isclose(sparsifier.density, float(density))
+        compressor = hvm.Compression.micro(density=density)
+        assert type(compressor.density) is float
+        assert math.isclose(compressor.density, float(density))
     with pytest.raises(ValueError, match="density must be a number"):
         hvm.Compression.micro(density=np.bool_(True))
 

@@ -31,8 +31,8 @@ from simulation_baselines import (
     simulate_topk,
 )
 
+from horovod_micro.compressors.randomk import shared_indices
 from horovod_micro.layout import FlatLayout
-from horovod_micro.sparsifiers.randomk import shared_indices
 
 NUMEL, DENSITY, VALUE = 300, 0.05, 0.03
 K = math.floor(DENSITY * NUMEL)

@@ -1,5 +1,5 @@
 """One registry is the single list of methods: a method added in one file (the fixture
-tests/plugin_sparsifier.py, found through HOROVOD_MICRO_PLUGINS) runs through the
+tests/plugin_compressor.py, found through HOROVOD_MICRO_PLUGINS) runs through the
 optimizer on real ranks, the train CLI's parser and the job matrix's dry run, and every
 built-in method has an independent simulation in the tests."""
 
@@ -13,10 +13,10 @@ from multirank import run_ranks
 from simulation import rank_gradient
 from test_baselines import ALL_METHODS
 
-from horovod_micro.sparsifiers import registry
+from horovod_micro.compressors import registry
 
 REPO = Path(__file__).resolve().parent.parent
-PLUGIN_ENV = {"HOROVOD_MICRO_PLUGINS": "plugin_sparsifier",
+PLUGIN_ENV = {"HOROVOD_MICRO_PLUGINS": "plugin_compressor",
               "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), str(REPO)])}
 
 
@@ -110,7 +110,7 @@ def test_threads_asking_at_once_all_see_every_method():
     discovery happens once per process; 8 threads released by a barrier, 5 times."""
     code = """
 import threading
-from horovod_micro.sparsifiers import registry
+from horovod_micro.compressors import registry
 barrier, seen = threading.Barrier(8), []
 def ask():
     barrier.wait()

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
+from horovod_micro.compressors.micro.partition import owned_part, part_bounds
 from horovod_micro.selection import ThresholdSelector, native_available
-from horovod_micro.sparsifiers.micro.partition import owned_part, part_bounds
 
 
 def reference(values, threshold, offset):
@@ -109,7 +109,7 @@ def test_drift_judge_matches_its_definition(numel, path, monkeypatch):
     values the ladder counts among) is selected on |x|."""
     from simulation import drift_score
 
-    from horovod_micro.sparsifiers.micro.drift import DriftSelector, stamps
+    from horovod_micro.compressors.micro.drift import DriftSelector, stamps
 
     if path == "torch":
         monkeypatch.setenv("HOROVOD_MICRO_SELECT", "torch")
@@ -141,20 +141,20 @@ def test_drift_ages_are_capped_before_their_stamps_wrap():
     """MiCRO keeps ages in 16-bit stamps: every AGE_RECAP iterations (and at the first
     selection) ages above AGE_CAP become AGE_CAP, so no age reaches 2^16; others stay."""
     import horovod_micro as hvm
-    from horovod_micro.sparsifiers.micro.drift import AGE_CAP, AGE_RECAP, ages, stamps
+    from horovod_micro.compressors.micro.drift import AGE_CAP, AGE_RECAP, ages, stamps
     from horovod_micro.testing.loopback import LoopbackGroup
 
     micro = hvm.Compression.micro(density=0.5)
     micro.bind(4, LoopbackGroup(1).comm(0))
     now = 200_000
     true_ages = torch.tensor([1, 5_000, AGE_CAP, AGE_CAP + 9_000], dtype=torch.int32)
-    micro.last = stamps(now - true_ages)
-    micro._cap_ages(now)
-    assert ages(micro.last, now).tolist() == [1, 5_000, AGE_CAP, AGE_CAP]
+    micro.ages.load_state_dict(stamps(now - true_ages))
+    last = micro.ages.at(torch.device("cpu"), now)
+    assert ages(last, now).tolist() == [1, 5_000, AGE_CAP, AGE_CAP]
     # Not again before AGE_RECAP iterations: ages grow, and stay below 2^16 meanwhile.
     later = now + AGE_RECAP - 1
-    micro._cap_ages(later)
-    assert ages(micro.last, later).tolist() == [t + AGE_RECAP - 1 for t in
-                                                (1, 5_000, AGE_CAP, AGE_CAP)]
-    micro._cap_ages(later + 1)
-    assert ages(micro.last, later + 1).max() == AGE_CAP
+    micro.ages.cap(later)
+    assert ages(micro.ages.last, later).tolist() == [t + AGE_RECAP - 1 for t in
+                                                     (1, 5_000, AGE_CAP, AGE_CAP)]
+    micro.ages.cap(later + 1)
+    assert ages(micro.ages.last, later + 1).max() == AGE_CAP

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from test_fashion_mnist import write_dataset
 
-from bench.cluster import clusters
+from horovod_micro.testing.cluster import clusters
 from horovod_micro.testing.launch import run_bounded
 from horovod_micro_train.models import build_model
 

@@ -109,7 +109,7 @@ def assert_same_end(straight: Path, resumed: Path) -> None:
         assert torch.equal(value, b["model"][key]), key
     for ra, rb in zip(a["rank_states"], b["rank_states"], strict=True):
         assert torch.equal(ra["sparse"]["residual"], rb["sparse"]["residual"])
-        sa, sb = ra["sparse"]["sparsifier"], rb["sparse"]["sparsifier"]
+        sa, sb = ra["sparse"]["compressor"], rb["sparse"]["compressor"]
         assert sa.keys() == sb.keys() == {"controller", "last"}  # the drift judge's ages
         assert sa["controller"] == sb["controller"]
         assert torch.equal(sa["last"], sb["last"])

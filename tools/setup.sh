@@ -63,7 +63,7 @@ if [ ! -d /usr/share/datasets/fashion-mnist ]; then
     DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -q dataset-fashion-mnist
 fi
 
-# 1c. The emulated cluster (bench/cluster.py: ip/tc, nsenter/unshare, sshd and ssh) and
+# 1c. The emulated cluster (horovod_micro/testing/cluster.py: ip/tc, nsenter/unshare, sshd and ssh) and
 #     the throwaway single-node SLURM of tests/test_jobs_slurm.py (slurmctld, slurmd,
 #     sbatch), from Debian's packages. Not for the image (HVM_DEPS_ONLY=1, then
 #     HVM_CLUSTER_TOOLS=0). Note: on a machine that runs systemd, Debian's packages also

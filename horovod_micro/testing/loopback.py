@@ -1,4 +1,4 @@
-"""n simulated ranks in one process: a stand-in for Horovod in a sparsifier's unit tests.
+"""n simulated ranks in one process: a stand-in for Horovod in a compressor's unit tests.
 
 Every sparse exchange is built from three collectives, :class:`~horovod_micro.exchange.Comm`'s
 ``allgather``, ``allreduce_`` and ``alltoall``. :class:`LoopbackComm` implements them
@@ -11,7 +11,7 @@ for n ranks in milliseconds, without ``horovodrun``::
     results = group.run(lambda comm: my_rank_body(comm))   # one result per rank
 
 It does not replace the real multi-rank tests (they keep running under ``horovodrun`` on
-Gloo and MPI); it makes the inner loop of writing a method fast. A rank that raises breaks
+Gloo and MPI); it makes the inner loop of writing a compressor fast. A rank that raises breaks
 the group's barrier, so the other ranks fail at their next collective instead of waiting,
 and :meth:`LoopbackGroup.run` re-raises the first real error.
 """

@@ -12,7 +12,7 @@ whole vector on every rank, and the ranks choose independently: the union grows 
 ``lambda`` is either given (``value``) or derived from a density with the paper's
 Top-k-equivalent heuristic ``lambda = 1 / (2 sqrt(k))``, ``k = floor(d N)``.
 
-Exchange and error feedback are Top-k's (:func:`~horovod_micro.sparsifiers.topk.combine_pairs`):
+Exchange and error feedback are Top-k's (:func:`~horovod_micro.compressors.topk.combine_pairs`):
 allgather of each rank's (index, value) pairs, per-coordinate sum; a rank zeroes its
 residual only at the coordinates it sent itself. Traffic per rank: received
 ``sum_{s != r} ((k_s + 3) b_i + k_s b_v)`` with ``k_s`` this iteration's count of rank
@@ -27,13 +27,13 @@ import torch
 
 from ..exchange import Traffic
 from ..selection import ThresholdSelector, index_bytes, initial_threshold
-from .base import Aggregate, ReduceOp, Selection, Sparsifier
+from .base import Aggregate, Compressor, ReduceOp, Selection
 from .registry import register
 from .topk import combine_pairs, gathered_pairs_bytes
 
 
 @register
-class HardThresholdCompressor(Sparsifier):
+class HardThresholdCompressor(Compressor):
     """Hard-threshold sparsification (see the module docstring).
 
     Args:
@@ -41,7 +41,7 @@ class HardThresholdCompressor(Sparsifier):
         density: derive ``lambda = 1 / (2 sqrt(floor(d N)))`` when the optimizer binds
             the compressor to the model; also the target reported in the statistics.
         error_feedback: on by default; Sahu et al. also report the method without it.
-        fp16_values: see :class:`~horovod_micro.sparsifiers.base.Sparsifier`.
+        fp16_values: see :class:`~horovod_micro.compressors.base.Compressor`.
 
     Example::
 

@@ -1,10 +1,11 @@
 """An emulated multi-host cluster on this machine: H hosts with sshd and one slow link each.
 
-    bench/cluster.py up 2 --rate 1gbit        # hosts hvm1, hvm2 (198.18.0.1, .2), stays up
-    bench/cluster.py up 3 --owner-pid $$      # torn down when this shell exits
-    bench/cluster.py exec hvm1 horovodrun -np 2 -H hvm1:1,hvm2:1 python train.py
-    bench/cluster.py status
-    bench/cluster.py down                     # every cluster (or --id ID)
+    python -m horovod_micro.testing.cluster up 2 --rate 1gbit   # hosts hvm1, hvm2, stays up
+    python -m horovod_micro.testing.cluster up 3 --owner-pid $$ # torn down when the shell exits
+    python -m horovod_micro.testing.cluster exec hvm1 horovodrun -np 2 -H hvm1:1,hvm2:1 \
+        python train.py
+    python -m horovod_micro.testing.cluster status
+    python -m horovod_micro.testing.cluster down                # every cluster (or --id ID)
 
 Why: the benchmarks need what a real cluster has and one loopback device has not: a
 full-duplex link per host, so that each host's traffic queues on its own link, and ranks
@@ -65,8 +66,8 @@ class ClusterError(RuntimeError):
 def require_root() -> None:
     if os.geteuid() != 0:
         raise ClusterError(
-            "bench/cluster.py needs root: it creates network namespaces, veth links and tc "
-            "qdiscs and runs sshd in each host; run it as root (e.g. with sudo)")
+            "horovod_micro.testing.cluster needs root: it creates network namespaces, veth "
+            "links and tc qdiscs and runs sshd in each host; run it as root (e.g. with sudo)")
 
 
 def _sh(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -88,7 +89,9 @@ def _start_time(pid: int) -> int | None:
 
 @dataclass
 class Cluster:
-    """One emulated cluster; its fields are what ``state.json`` holds."""
+    """One emulated cluster of hosts ``hvm1..hvmH`` (root only): ``Cluster.up(3, "1gbit")``
+    builds it and, used as a context manager, tears it down; :meth:`run` runs a command in a
+    host. Its fields are what the cluster's ``state.json`` holds."""
 
     cid: str
     hosts: list[str]
@@ -397,8 +400,9 @@ def _pick(cid: str | None) -> Cluster:
 
 # -- command line --------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="bench/cluster.py", description=__doc__.split(
-        "\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m horovod_micro.testing.cluster",
+                                     description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
     p_up = sub.add_parser("up", help="build H hosts hvm1..hvmH; prints the cluster id")
     p_up.add_argument("hosts", type=int)
@@ -450,7 +454,7 @@ def main(argv: list[str] | None = None) -> int:
         cmd = c.command(args.host, args.argv)
         os.execvpe(cmd[0], cmd, c.env())
     except ClusterError as error:
-        print(f"bench/cluster.py: error: {error}", file=sys.stderr)
+        print(f"horovod_micro.testing.cluster: error: {error}", file=sys.stderr)
         return 2
     return 0
 

@@ -26,19 +26,19 @@ import torch
 from ..exchange import Traffic, allreduce_values
 from ..selection import index_bytes, index_dtype
 from ..stats import ring_allgather_bytes, ring_allreduce_bytes
-from .base import Aggregate, ReduceOp, Selection, Sparsifier
+from .base import Aggregate, Compressor, ReduceOp, Selection
 from .registry import register
 from .topk import topk_indices
 
 
 @register
-class CltkCompressor(Sparsifier):
+class CltkCompressor(Compressor):
     """Cyclic local top-k (see the module docstring).
 
     Args:
         density: user-set density ``d``; the leader picks ``k = floor(d N)`` coordinates,
             which is also the global count.
-        error_feedback, fp16_values: see :class:`~horovod_micro.sparsifiers.base.Sparsifier`.
+        error_feedback, fp16_values: see :class:`~horovod_micro.compressors.base.Compressor`.
 
     Example::
 

@@ -57,7 +57,7 @@ import torch
 from ..exchange import SelectedCounts, Traffic, allreduce_values
 from ..selection import index_dtype
 from ..stats import ring_allreduce_bytes
-from .base import Aggregate, ReduceOp, Selection, Sparsifier
+from .base import Aggregate, Compressor, ReduceOp, Selection
 from .registry import register
 
 
@@ -89,7 +89,7 @@ class _Matrix:
 
 
 @register
-class PowerSGDCompressor(Sparsifier):
+class PowerSGDCompressor(Compressor):
     """PowerSGD with error feedback and warm start (see the module docstring).
 
     Args:
@@ -100,7 +100,7 @@ class PowerSGDCompressor(Sparsifier):
         start_iteration: exchange the plain average (one dense allreduce) before this
             iteration, then the low-rank factors.
         seed: seed of the first ``Q`` (equal on every rank, which the optimizer checks).
-        error_feedback, fp16_values: see :class:`~horovod_micro.sparsifiers.base.Sparsifier`
+        error_feedback, fp16_values: see :class:`~horovod_micro.compressors.base.Compressor`
             (with ``fp16_values`` the factors travel as float16).
 
     Example::

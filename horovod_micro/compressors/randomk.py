@@ -30,7 +30,7 @@ from ..exchange import SelectedCounts, Traffic, allreduce_values
 from ..selection import index_dtype
 from ..stats import ring_allreduce_bytes
 from ..status import CollectiveInputError
-from .base import Aggregate, ReduceOp, Selection, Sparsifier
+from .base import Aggregate, Compressor, ReduceOp, Selection
 from .registry import register
 
 _MIX_SEED = 0x9E3779B97F4A7C15
@@ -60,7 +60,7 @@ def _checksum(indices: torch.Tensor) -> int:
 
 
 @register
-class RandomkCompressor(Sparsifier):
+class RandomkCompressor(Compressor):
     """Random-k with a shared seed (see the module docstring).
 
     Args:
@@ -68,7 +68,7 @@ class RandomkCompressor(Sparsifier):
             iteration.
         seed: base of the shared seed (must be equal on every rank, which the optimizer
             checks at start-up); different seeds give different coordinate sequences.
-        error_feedback, fp16_values: see :class:`~horovod_micro.sparsifiers.base.Sparsifier`.
+        error_feedback, fp16_values: see :class:`~horovod_micro.compressors.base.Compressor`.
 
     Example::
 

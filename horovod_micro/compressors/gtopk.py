@@ -42,7 +42,7 @@ import torch
 
 from ..exchange import SelectedCounts, Traffic, alltoall_tensor
 from ..selection import index_bytes, index_dtype
-from .base import Aggregate, ReduceOp, Selection, Sparsifier
+from .base import Aggregate, Compressor, ReduceOp, Selection
 from .registry import register
 from .topk import topk_indices
 
@@ -83,13 +83,13 @@ def _unpack_bits(packed: torch.Tensor, count: int) -> torch.Tensor:
 
 
 @register
-class GtopkCompressor(Sparsifier):
+class GtopkCompressor(Compressor):
     """gTop-k sparsification (see the module docstring).
 
     Args:
         density: user-set density ``d``; every rank selects ``k = floor(d N)`` locally
             and the result holds at most ``k`` coordinates (no build-up).
-        error_feedback, fp16_values: see :class:`~horovod_micro.sparsifiers.base.Sparsifier`.
+        error_feedback, fp16_values: see :class:`~horovod_micro.compressors.base.Compressor`.
             With ``fp16_values`` every message carries float16 values (merges sum in the
             residual's precision); the final values are rounded to float16 on rank 0 as
             well, so every rank applies the same gradient.

@@ -1,10 +1,10 @@
 """What MiCRO asks of a density controller, and the check every controller's state passes.
 
-MiCRO keeps its threshold policy behind one interface so that the sparsifier's step reads
+MiCRO keeps its threshold policy behind one interface so that the compressor's step reads
 the same whichever ``controller=`` the user picked: the per-part controllers
 (:mod:`.part_controller`, the default) and the shared-threshold ones
 (:mod:`.density_controller`). A new controller implements :class:`ThresholdController` and
-is added to :data:`~.sparsifier.CONTROLLERS`.
+is added to :data:`~.compressor.CONTROLLERS`.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ Per iteration ``t`` on rank ``r`` of ``n``:
    every selected coordinate carries the full n-rank sum, chosen by its part's owner.
    Traffic per rank is O(k), independent of ``n``.
 4. Every rank zeroes its residual at the union (it sent its value there; with
-   ``fp16_values`` it keeps the rounding error, :meth:`Sparsifier.wire_error`).
+   ``fp16_values`` it keeps the rounding error, :meth:`Compressor.wire_error`).
 5. With momentum masking (by default from 8 ranks, :mod:`horovod_micro.momentum`) the
    wrapped optimizer's momentum is cleared where the aggregate arrived, after its step.
 6. The threshold is steered from what every rank knows after step 2 (the counts, and one
@@ -39,11 +39,11 @@ import torch
 from ...exchange import SlotsGathered, Traffic, allreduce_values
 from ...selection import ThresholdSelector, index_bytes, index_dtype
 from ...stats import ring_allgather_bytes, ring_allreduce_bytes
-from ..base import Aggregate, ReduceOp, Selection, Sparsifier
+from ..base import Aggregate, Compressor, ReduceOp, Selection
 from ..registry import register
 from .controller import ThresholdController
 from .density_controller import DensityController, PaperController
-from .drift import AGE_CAP, AGE_RECAP, DriftSelector, ages, drift_scores, stamp, stamps
+from .drift import DriftAges, DriftSelector
 from .part_controller import PartController
 from .partition import owned_part, part_bounds
 
@@ -59,7 +59,7 @@ CAPACITY_FACTOR = 1.2
 
 
 @register
-class MicroCompressor(Sparsifier):
+class MicroCompressor(Compressor):
     """MiCRO sparsification (see the module docstring).
 
     Args:
@@ -69,35 +69,25 @@ class MicroCompressor(Sparsifier):
             (``"newton"``, ``"paper"``; default ``1 / (2 sqrt(k))``).
         controller: the density controller, one of :data:`CONTROLLERS` (see the module
             docstring; the documentation's design page, "The density controllers").
-        judge: what the owner of a part ranks its coordinates by. ``"drift"`` (default
-            with the per-part controllers): ``|a_i| * sqrt(wait / age_i)``, the
-            accumulation against how long it has been accumulating
-            (:class:`~horovod_micro.sparsifiers.micro.drift.DriftSelector`), so a coordinate whose
-            gradient keeps its sign wins over one whose residual is a random walk of one
-            worker's noise; ``"magnitude"``: ``|a_i|``, as published (and the only judge
-            of the shared-threshold controllers). The selection is still one threshold
-            pass over the part; the ages cost one int32 per coordinate.
-        momentum_masking: clear the wrapped optimizer's momentum at the coordinates that
-            received an aggregate, after each step (:mod:`horovod_micro.momentum`).
-            Coordinates wait many iterations and arrive as bursts; momentum re-applies a
-            burst for about ``1 / (1 - m)`` more steps, which at the linearly scaled
-            learning rate of many workers turns into divergence, while on few workers it
-            is the acceleration short runs need. Default ``None``: on from 8 ranks, off
-            below. ``True`` turns it on at any size (try it first when a run diverges);
-            ``False`` runs the method as published.
-        capacity: index slots per rank in the exchange, whose collectives then keep one
-            shape every step (Horovod's response cache skips their negotiation, and NCCL
-            runs the gather as one allgather, not one broadcast per rank). Default
-            ``None``: with the bounded controller ``ceil(1.2 k / n)`` (it holds each
-            owner's count within about 10 % of ``k / n``; bytes at most 1.2x those of
-            exact sizes), with the other controllers, whose counts scatter step to step,
-            exact sizes. An integer sets the slots; ``"exact"`` keeps exact sizes (a
-            variable-size gather, renegotiated every step). Overflow rule: when the
-            threshold picks more than ``capacity`` coordinates, the ``capacity`` of them
-            with the highest scores go (the threshold rises to the capacity-th score) and
-            the rest stays in the error-feedback residual; the controller still learns
-            from the count the threshold picked.
-        error_feedback, fp16_values: see :class:`~horovod_micro.sparsifiers.base.Sparsifier`.
+        judge: what the owner of a part ranks its coordinates by: ``"drift"`` (default
+            with the per-part controllers), ``|a_i| * sqrt(wait / age_i)``
+            (:class:`~horovod_micro.compressors.micro.drift.DriftSelector`), so a
+            coordinate whose gradient keeps its sign wins over one whose residual is a
+            random walk of one worker's noise; ``"magnitude"``, ``|a_i|``, as published.
+            Still one threshold pass; the ages cost 2 bytes per coordinate.
+        momentum_masking: clear the wrapped optimizer's momentum where an aggregate
+            arrived, after each step (:mod:`horovod_micro.momentum`): momentum re-applies
+            a coordinate's burst for about ``1 / (1 - m)`` steps, which at the scaled
+            learning rate of many workers diverges. Default ``None``: on from 8 ranks;
+            ``True`` at any size (try it first when a run diverges); ``False`` as published.
+        capacity: index slots per rank, so that the collectives keep one shape (Horovod
+            negotiates them once; NCCL runs one allgather, not a broadcast per rank).
+            Default ``None``: ``ceil(1.2 k / n)`` with the bounded controller (bytes at
+            most 1.2x exact sizes), exact sizes with the others (their counts scatter). An
+            integer sets the slots; ``"exact"`` keeps exact sizes. Overflow: of more than
+            ``capacity`` picks, the ``capacity`` highest scores go and the rest stays in
+            the residual; the controller learns from the count the threshold picked.
+        error_feedback, fp16_values: see :class:`~horovod_micro.compressors.base.Compressor`.
 
     Tune: ``density`` first; on 8 or more ranks keep the defaults (drift judge, momentum
     masking); ``judge="magnitude", momentum_masking=False`` runs MiCRO as published.
@@ -122,12 +112,7 @@ class MicroCompressor(Sparsifier):
         self.controller_name = controller
         self.judge = judge if judge is not None else (
             "drift" if controller in ("bounded", "scale") else "magnitude")
-        # Per coordinate: a 16-bit stamp of the iteration after which its residual last
-        # started from zero (the drift judge's ages; the same on every rank). Made at the
-        # first selection, on the gradient's device; ages are capped at AGE_CAP, once
-        # every AGE_RECAP iterations (_cap_ages), so that stamps never wrap.
-        self.last: torch.Tensor | None = None
-        self._capped_at: int | None = None
+        self.ages: DriftAges | None = None  # the drift judge's, made in bind
         self.controller: ThresholdController | None = None
         self.bounds: list[tuple[int, int]] = []
         self._selector = ThresholdSelector()
@@ -173,6 +158,7 @@ class MicroCompressor(Sparsifier):
 
     def bind(self, numel, comm) -> None:
         super().bind(numel, comm)
+        self.ages = DriftAges(numel, self.density) if self.judge == "drift" else None
         self._partition(comm.size)
         k, start = self.target_count, self.initial_threshold or 0.0
         if self.controller_name == "paper":
@@ -254,13 +240,10 @@ class MicroCompressor(Sparsifier):
     def select(self, acc: torch.Tensor, iteration: int) -> Selection:
         part = owned_part(self.comm.rank, iteration, self.comm.size)
         start, end = self.bounds[part]
-        if self.judge == "drift":
-            if self.last is None or self.last.device != acc.device:
-                self.last = torch.zeros(self.numel, dtype=torch.int16, device=acc.device)
+        if self.ages is not None:
             now = iteration + 1
-            self._cap_ages(now)
-            self._selector.bind(acc[start:end], self.last[start:end], now,
-                                self._wait(now))
+            last = self.ages.at(acc.device, now)
+            self._selector.bind(acc[start:end], last[start:end], now, self.ages.wait(now))
         if self.density >= 1.0 and not isinstance(self.controller, PartController):
             # Density 1 with a shared threshold: the whole part goes, as a dense exchange
             # would send it (the per-part controllers do the same themselves).
@@ -280,27 +263,10 @@ class MicroCompressor(Sparsifier):
         scores (``|a|``, or the drift score), in ascending order; the rest stays in the
         residual. O(selected), only on a step that overflows."""
         values = acc.index_select(0, indices.long())
-        if self.judge == "drift":
-            values = drift_scores(values, self.last.index_select(0, indices.long()), now,
-                                  self._wait(now))
+        if self.ages is not None:
+            values = self.ages.scores(values, indices.long(), now)
         keep = torch.topk(values.abs(), self.slots, sorted=False).indices
         return indices.index_select(0, keep.sort().values)
-
-    def _wait(self, now: int) -> float:
-        """The drift judge's mean wait at iteration ``now``: ``1 / d``, or the iterations
-        so far while fewer."""
-        return min(1.0 / self.density, float(now))
-
-    def _cap_ages(self, now: int) -> None:
-        """Ages above AGE_CAP become AGE_CAP: one pass over N every AGE_RECAP iterations
-        (and at the first selection after a load), so that no age reaches 2^16 and the
-        16-bit stamps stay exact. A coordinate left that long scores as if it had waited
-        AGE_CAP iterations, which changes its score by less than the noise it judges."""
-        if self._capped_at is not None and now - self._capped_at < AGE_RECAP:
-            return
-        old = ages(self.last, now) > AGE_CAP
-        self.last.masked_fill_(old, stamp(now - AGE_CAP))
-        self._capped_at = now
 
     def combine(self, acc, selection, gathered, iteration, reduction: ReduceOp,
                 traffic: Traffic) -> Aggregate:
@@ -324,8 +290,8 @@ class MicroCompressor(Sparsifier):
         return Aggregate(union, values.to(acc.dtype), union, gathered, self._threshold)
 
     def observe(self, reduced: Aggregate) -> None:
-        if self.last is not None:  # the applied coordinates start accumulating afresh
-            self.last.index_fill_(0, reduced.indices.long(), stamp(self._iteration + 1))
+        if self.ages is not None:  # the applied coordinates start accumulating afresh
+            self.ages.restart(reduced.indices.long(), self._iteration + 1)
         n = self.comm.size
         gathered = reduced.gathered
         self.controller.observe(list(gathered.counts), list(gathered.reports),
@@ -333,20 +299,13 @@ class MicroCompressor(Sparsifier):
 
     def state_dict(self) -> dict:
         state = {"controller": self.controller.state_dict()}
-        if self.judge == "drift":
-            state["last"] = (self.last.cpu().clone() if self.last is not None
-                             else torch.zeros(self.numel, dtype=torch.int16))
+        if self.ages is not None:
+            state["last"] = self.ages.state_dict()
         return state
 
     def load_state_dict(self, state: dict) -> None:
-        if self.judge == "drift":
-            last = state.get("last")
-            if not isinstance(last, torch.Tensor) or last.numel() != self.numel:
-                raise ValueError("micro: this state holds no ages of the drift judge "
-                                 "(written with judge='magnitude'?)")
+        if self.ages is not None:  # checked before anything changes
+            self.ages.check_state(state.get("last"))
         self.controller.load_state_dict(state["controller"])
-        if self.judge == "drift":
-            device = self.last.device if self.last is not None else "cpu"
-            # Stamps; a state that holds whole iterations (int32) is taken mod 2^16.
-            self.last = stamps(state["last"]).to(device=device)
-            self._capped_at = None
+        if self.ages is not None:
+            self.ages.load_state_dict(state["last"])

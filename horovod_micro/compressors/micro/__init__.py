@@ -1,6 +1,6 @@
-"""MiCRO (Yoon & Oh, HiPC 2023): the sparsifier and its parts.
+"""MiCRO (Yoon & Oh, HiPC 2023): the compressor and its parts.
 
-- :mod:`.sparsifier`: the method (``hvm.Compression.micro``), registered as ``micro``;
+- :mod:`.compressor`: the method (``hvm.Compression.micro``), registered as ``micro``;
 - :mod:`.partition`: the parts and which rank owns which at an iteration;
 - :mod:`.drift`: the default judge, a coordinate's residual weighed by its age;
 - :mod:`.controller`: the interface of the density controllers, implemented by
@@ -11,6 +11,6 @@ The threshold selection kernel itself is shared with the other threshold methods
 (:mod:`horovod_micro.selection`).
 """
 
-from .sparsifier import CONTROLLERS, JUDGES, MicroCompressor
+from .compressor import CONTROLLERS, JUDGES, MicroCompressor
 
 __all__ = ["CONTROLLERS", "JUDGES", "MicroCompressor"]

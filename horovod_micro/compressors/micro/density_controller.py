@@ -35,7 +35,7 @@ This module holds the controllers that steer one threshold shared by all ranks: 
 (``controller="newton"``) and the authors' rule as written (``controller="paper"``,
 :class:`PaperController`). The scale-free, per-part controllers (``"bounded"``, the
 default, and ``"scale"``) are in :mod:`horovod_micro.part_controller`. Every controller
-offers the same three calls to :class:`~horovod_micro.sparsifiers.micro.MicroCompressor`:
+offers the same three calls to :class:`~horovod_micro.compressors.micro.MicroCompressor`:
 ``select`` (this rank's choice in the part it owns, and the integer it reports in the index
 exchange's header), ``observe`` (the update from the gathered counts and reports, the same
 on every rank) and ``state_dict``/``load_state_dict``.

@@ -3,7 +3,7 @@
 Cyclic block: at iteration ``t`` every rank sends its values at the ``k`` coordinates
 ``(t k + j) mod N``, ``j < k``, and one allreduce sums them (Random-k's exchange with a
 deterministic, contiguous choice). Registered by importing this module, which
-``HOROVOD_MICRO_PLUGINS=plugin_sparsifier`` makes every process do; nothing else in the
+``HOROVOD_MICRO_PLUGINS=plugin_compressor`` makes every process do; nothing else in the
 repository names it (tests/test_registry.py checks that it still runs through the
 optimizer, the train CLI's parser and the job matrix).
 """
@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import torch
 
+from horovod_micro.compressors.base import Aggregate, Compressor, Selection
+from horovod_micro.compressors.registry import register
 from horovod_micro.exchange import SelectedCounts, allreduce_values
 from horovod_micro.selection import index_dtype
-from horovod_micro.sparsifiers.base import Aggregate, Selection, Sparsifier
-from horovod_micro.sparsifiers.registry import register
 from horovod_micro.stats import ring_allreduce_bytes
 
 
@@ -25,7 +25,7 @@ def block(numel: int, k: int, iteration: int) -> torch.Tensor:
 
 
 @register
-class CyclicBlockCompressor(Sparsifier):
+class CyclicBlockCompressor(Compressor):
     """Every rank's values at a block of ``k = floor(density N)`` coordinates that moves
     by ``k`` each iteration."""
 

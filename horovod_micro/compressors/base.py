@@ -1,7 +1,7 @@
-"""What every sparsifier shares: configuration checks, the error-feedback switch and the
+"""What every compressor shares: configuration checks, the error-feedback switch and the
 hand-off to the exchange.
 
-A sparsifier answers three questions for the optimizer's pipeline
+A compressor answers three questions for the optimizer's pipeline
 (:mod:`horovod_micro.reducer`)::
 
     flatten -> add residual -> select -> exchange -> average -> update residual -> step
@@ -10,10 +10,10 @@ A sparsifier answers three questions for the optimizer's pipeline
     combine(acc, selection,   -> Aggregate: the method's collective pattern after the index
             gathered, ...)       gather; the aggregated coordinates and which of this
                                  rank's coordinates went into them
-    observe(reduced)             what the sparsifier learns from the result (e.g. MiCRO's
+    observe(reduced)             what the compressor learns from the result (e.g. MiCRO's
                                  threshold update from the global count)
 
-The protocol between them is the base class's :meth:`Sparsifier.exchange`, the same for
+The protocol between them is the base class's :meth:`Compressor.exchange`, the same for
 every method: one index gather of ``[status, count, report, indices]`` per rank (the indices
 only if the method announces them), after which every rank raises the same
 :class:`~horovod_micro.status.CollectiveInputError` if any rank reported a bad input, and
@@ -39,7 +39,7 @@ from ..stats import ring_allgather_bytes
 
 @dataclass
 class Selection:
-    """This rank's choice for one step, as :meth:`Sparsifier.select` returns it.
+    """This rank's choice for one step, as :meth:`Compressor.select` returns it.
 
     Attributes:
         indices: the coordinates this rank chose (int32 or int64, a tensor of its own).
@@ -88,11 +88,11 @@ class Aggregate:
             dtype (``acc.dtype``, see :mod:`horovod_micro.reducer`): never narrower.
         contributed: this rank's coordinates whose value went into the aggregate; error
             feedback clears exactly these in this rank's residual on a finite step
-            (keeping only :meth:`Sparsifier.wire_error`, 0 in full precision).
+            (keeping only :meth:`Compressor.wire_error`, 0 in full precision).
         gathered: the per-rank selections and statuses from the index exchange.
         threshold: the threshold used, for methods that have one.
         kept: what this rank's residual keeps at ``contributed`` on a finite step (None:
-            :meth:`Sparsifier.wire_error` of the values sent). A method whose share of the
+            :meth:`Compressor.wire_error` of the values sent). A method whose share of the
             aggregate is not the value itself (PowerSGD's projection) says what it missed.
             A ``kept`` as long as the flat buffer covers every coordinate in order (then
             ``indices`` and ``contributed`` are ``arange(N)``, ``values`` the whole
@@ -107,7 +107,7 @@ class Aggregate:
     kept: torch.Tensor | None = None
 
 
-class Sparsifier:
+class Compressor:
     """Base class of the sparse compressors (Horovod's Compressor shape, extended).
 
     Args:
@@ -175,11 +175,11 @@ class Sparsifier:
 
     def bind_shapes(self, shapes: list[tuple[int, ...]]) -> None:
         """The parameters' shapes, in the flat vector's order; called before :meth:`bind`
-        by the reducer. Default: ignored (a sparsifier sees one flat vector)."""
+        by the reducer. Default: ignored (a compressor sees one flat vector)."""
         del shapes
 
     def bind(self, numel: int, comm: Comm) -> None:
-        """Size the sparsifier's state for a flat gradient of ``numel`` elements."""
+        """Size the compressor's state for a flat gradient of ``numel`` elements."""
         if self.comm is not None:
             raise RuntimeError(f"this {self.name} compressor already serves an optimizer; "
                                "create one compressor per optimizer")

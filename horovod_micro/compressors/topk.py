@@ -28,7 +28,7 @@ import torch
 from ..exchange import Gathered, Traffic, allgather_values
 from ..selection import index_bytes, index_dtype
 from ..stats import ring_allgather_bytes
-from .base import Aggregate, ReduceOp, Selection, Sparsifier
+from .base import Aggregate, Compressor, ReduceOp, Selection
 from .registry import register
 
 
@@ -39,7 +39,7 @@ def topk_indices(acc: torch.Tensor, k: int) -> torch.Tensor:
     return picked.sort().values.to(index_dtype(acc.numel()))
 
 
-def combine_pairs(sparsifier: Sparsifier, acc: torch.Tensor, selection: Selection,
+def combine_pairs(compressor: Compressor, acc: torch.Tensor, selection: Selection,
                   gathered: Gathered, reduction: ReduceOp, traffic: Traffic,
                   threshold: float | None = None) -> Aggregate:
     """Allgather every rank's values at its announced indices; sum them per coordinate.
@@ -48,13 +48,13 @@ def combine_pairs(sparsifier: Sparsifier, acc: torch.Tensor, selection: Selectio
     ``contributed`` is this rank's own selection (see the module docstring). Every rank
     receives the same values in the same order, so every rank's sum is bit-identical.
     """
-    comm = sparsifier.comm
+    comm = compressor.comm
     own = selection.indices.long()
     all_indices = torch.cat(gathered.per_rank).long()
     if all_indices.numel() == 0:  # nobody selected anything: every rank knows, skip values
         empty = torch.empty(0, dtype=acc.dtype, device=acc.device)
         return Aggregate(all_indices, empty, own, gathered, threshold)
-    values = allgather_values(comm, sparsifier.wire(acc[own]), gathered.counts, traffic)
+    values = allgather_values(comm, compressor.wire(acc[own]), gathered.counts, traffic)
     union, inverse = torch.unique(all_indices, return_inverse=True)
     summed = torch.zeros(union.numel(), dtype=acc.dtype, device=acc.device)
     summed.index_add_(0, inverse, values.to(acc.dtype))
@@ -70,13 +70,13 @@ def gathered_pairs_bytes(size: int, count: int, index_bytes: int, value_bytes: i
 
 
 @register
-class TopkCompressor(Sparsifier):
+class TopkCompressor(Compressor):
     """Top-k sparsification (see the module docstring).
 
     Args:
         density: user-set density ``d``; each rank sends ``k = floor(d N)`` coordinates
             (the global density can reach ``n d``).
-        error_feedback, fp16_values: see :class:`~horovod_micro.sparsifiers.base.Sparsifier`.
+        error_feedback, fp16_values: see :class:`~horovod_micro.compressors.base.Compressor`.
 
     Example::
 

@@ -1,0 +1,155 @@
+"""The layout of the code stays livable: rooms of bounded size, no import cycle, tests
+independent of the benchmarks, and no reach into private attributes from the outside.
+
+Read from the source with ``ast`` (nothing is imported), so a violation names the file.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("horovod_micro", "horovod_micro_train")
+MAX_CLASS_LINES = 250
+
+
+def _modules(package: str) -> dict[str, Path]:
+    """Dotted module name -> file, for every module of ``package``."""
+    out = {}
+    for path in sorted((ROOT / package).rglob("*.py")):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+def _imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """The modules of ``known`` that module ``name`` imports, anywhere in it (a lazy
+    import inside a function closes a cycle as surely as one at the top)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[:len(anchor) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            targets = [base] + [f"{base}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        for target in targets:
+            # the module itself, or the nearest enclosing module that exists
+            while target and target not in known:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                found.add(target)
+    return found
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle of ``graph``, or None (depth-first search)."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state:
+                found = visit(nxt)
+                if found:
+                    return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return None
+
+
+def test_cycle_finder_finds_a_cycle_and_accepts_a_tree():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+
+
+def _is_package_init(module: str, modules: dict[str, Path]) -> bool:
+    return modules[module].name == "__init__.py"
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_no_import_cycle(package):
+    """Between modules; a package's ``__init__`` that re-exports its submodules is not a
+    room of its own (importing ``pkg.sub`` runs it first, whatever imports what)."""
+    modules = _modules(package)
+    known = set(modules)
+    graph = {}
+    for name, path in modules.items():
+        if _is_package_init(name, modules):
+            continue
+        graph[name] = {m for m in _imports(name, path, known)
+                       if not _is_package_init(m, modules)}
+    assert _cycle(graph) is None, f"import cycle: {' -> '.join(_cycle(graph))}"
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_no_class_is_over_the_size_of_one_room(package):
+    big = []
+    for path in sorted((ROOT / package).rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_CLASS_LINES:
+                    big.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} "
+                               f"({lines} lines)")
+    assert not big, f"classes over {MAX_CLASS_LINES} lines: {big}"
+
+
+def test_tests_do_not_import_the_benchmarks():
+    """Test infrastructure lives in ``tests/`` or ``horovod_micro.testing``; only the
+    tests of a benchmark import it."""
+    offenders = []
+    for path in sorted((ROOT / "tests").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            for name in names:
+                if name == "bench" or name.startswith("bench."):
+                    bench = name.split(".")[1] if "." in name else ""
+                    if not bench or path.stem != f"test_{bench}":
+                        offenders.append(f"{path.name}: {name}")
+    assert not offenders, offenders
+
+
+@pytest.mark.parametrize("folder", ["bench", "horovod_micro_train", "jobs"])
+def test_no_reach_into_the_librarys_private_attributes(folder):
+    """What uses the library (benchmarks, the entrypoints, the job scripts) goes through
+    its public names: no ``obj._name`` attribute access on library objects. A module's
+    own private helpers (``_name`` defined in that module) stay allowed."""
+    offenders = []
+    for path in sorted((ROOT / folder).rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        own = {n.name for n in ast.walk(tree)
+               if isinstance(n, ast.FunctionDef | ast.ClassDef | ast.AsyncFunctionDef)}
+        own |= {t.id for n in ast.walk(tree) if isinstance(n, ast.Assign)
+                for t in n.targets if isinstance(t, ast.Name)}
+        own |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)
+                and isinstance(n.value, ast.Name) and n.value.id in ("self", "cls")
+                and isinstance(n.ctx, ast.Store)}
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and node.attr.startswith("_")
+                    and not node.attr.startswith("__") and node.attr not in own):
+                offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} .{node.attr}")
+    assert not offenders, offenders
