@@ -266,8 +266,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """
         state = super(self.__class__, self).state_dict()
         if self._reducer is not None:
-            state[_STATE_KEY] = {**self._reducer.state_dict(),
-                                 "loss_scale": self._reducer.loss_scale}
+            state[_STATE_KEY] = self._reducer.state_dict()
         return state
 
     def load_state_dict(self, state_dict: dict) -> None:
@@ -288,7 +287,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         except Exception:
             reducer.load_state_dict(backup)
             raise
-        reducer.loss_scale = sparse_state.get("loss_scale", 1.0)
         self._state_sync_pending = True
         self._loaded = True
 

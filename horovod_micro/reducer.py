@@ -72,7 +72,7 @@ def _norm_on_read(squared: torch.Tensor, exact_below: float, residual: torch.Ten
             return math.sqrt(value)
         if residual._version == version:
             return _norm(residual)
-        return math.sqrt(min(max(value, 0.0), math.inf))
+        return math.sqrt(max(value, 0.0))
     return read
 
 

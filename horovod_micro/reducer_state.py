@@ -16,7 +16,7 @@ import torch
 
 class ReducerCheckpoint:
     """The checkpoint methods of :class:`~horovod_micro.reducer.SparseReducer`, which
-    holds ``layout``, ``compressor``, ``comm``, ``iteration`` and ``residual``."""
+    holds ``layout``, ``compressor``, ``comm``, ``iteration``, ``residual`` and ``loss_scale``."""
 
     def shared_state(self) -> dict:
         """What every rank of the set holds identically: the iteration and the
@@ -38,6 +38,7 @@ class ReducerCheckpoint:
             "rank": self.comm.rank,
             "size": self.comm.size,
             "residual": self.residual.detach().clone(),
+            "loss_scale": self.loss_scale,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -75,3 +76,4 @@ class ReducerCheckpoint:
         if saved_size != size:
             self.compressor.rebind(size)
         self.residual.copy_(residual)
+        self.loss_scale = state.get("loss_scale", 1.0)  # the residual's units
