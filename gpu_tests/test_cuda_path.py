@@ -6,7 +6,8 @@ simulations as the CPU tests (tests/simulation.py, computed on the CPU):
   them on the CPU;
 * a real Horovod rank (``horovodrun -np 1``) whose collectives run on NCCL: zero-copy
   error feedback, the copy path and the mix, exactly as tests/test_zero_copy.py checks
-  them on Gloo and MPI ranks.
+  them on Gloo and MPI ranks; PowerSGD's factors and warm start, exactly as
+  tests/test_powersgd.py checks them.
 
 One GPU cannot hold two NCCL ranks (NCCL refuses two ranks on one device), so the
 NCCL test runs one rank; the n-rank arithmetic on CUDA tensors is the loopback tests'.
@@ -15,6 +16,7 @@ NCCL test runs one rank; the n-rank arithmetic on CUDA tensors is the loopback t
 import pytest
 from multirank import run_ranks
 from test_loopback import SPECS, check_baseline, check_micro
+from test_powersgd import STEPS, check_traces
 from test_zero_copy import ITERATIONS, NUMEL, SEED, check_variants
 
 
@@ -40,3 +42,12 @@ def test_zero_copy_on_a_nccl_rank_equals_the_simulation():
                         kwargs={"numel": NUMEL, "iterations": ITERATIONS, "seed": SEED,
                                 "device": "cuda"})
     check_variants(results, native=False)
+
+
+@pytest.mark.parametrize("rank", [1, 4])
+def test_powersgd_on_a_nccl_rank_equals_the_simulation(rank):
+    results = run_ranks("ranks_powersgd:traces", np=1, backend="gloo",
+                        kwargs={"rank_r": rank, "steps": STEPS, "device": "cuda"})
+    # One rank: its residual is the whole error, so float32 rounding on the GPU (another
+    # summation order than the CPU's) grows over the steps; 1e-3 against entries up to 30.
+    check_traces(results, "nccl", 1, rank, atol=1e-3)

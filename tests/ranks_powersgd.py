@@ -16,8 +16,8 @@ def rank_grads(rank: int, step: int) -> list[torch.Tensor]:
     return [torch.randn(shape, generator=gen) * (1 + i) for i, shape in enumerate(SHAPES)]
 
 
-def _optimizer(rank_r, op=hvd.Average, **options):
-    params = [torch.nn.Parameter(torch.zeros(shape)) for shape in SHAPES]
+def _optimizer(rank_r, op=hvd.Average, device="cpu", **options):
+    params = [torch.nn.Parameter(torch.zeros(shape, device=device)) for shape in SHAPES]
     opt = hvm.DistributedOptimizer(
         torch.optim.SGD(params, lr=0.1), named_parameters=[(f"p{i}", p)
                                                            for i, p in enumerate(params)],
@@ -28,14 +28,17 @@ def _optimizer(rank_r, op=hvd.Average, **options):
 def _feed(opt, params, step):
     opt.zero_grad()
     for p, g in zip(params, rank_grads(hvd.rank(), step)):
-        p.grad = g.clone()
+        p.grad = g.to(p.device)
     opt.synchronize()
 
 
-def traces(rank_r: int, steps: int, op: str = "average", start_iteration: int = 0) -> dict:
+def traces(rank_r: int, steps: int, op: str = "average", start_iteration: int = 0,
+           device: str = "cpu") -> dict:
     """Per step: the aggregate (.grad), this rank's residual and statistics; the final
-    weights; and a restart from a checkpoint taken halfway, which must continue alike."""
-    options = {"start_iteration": start_iteration}
+    weights; and a restart from a checkpoint taken halfway, which must continue alike.
+    ``device``: where the parameters live (gpu_tests/ runs this on CUDA, where Horovod's
+    allreduces are NCCL's)."""
+    options = {"start_iteration": start_iteration, "device": device}
     opt, params = _optimizer(rank_r, hvd.Average if op == "average" else hvd.Sum, **options)
     out = []
     for step in range(steps):
