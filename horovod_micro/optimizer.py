@@ -1,28 +1,19 @@
 """``horovod_micro.DistributedOptimizer``: Horovod's optimizer contract, sparse exchange inside.
 
-Switching a Horovod script is one line::
+Like ``hvd.DistributedOptimizer`` it returns an instance of a class made at run time from
+the wrapped optimizer's class (so it *is* an ``SGD``/``Adam``/...), whose methods reach the
+real optimizer with ``super(self.__class__, self)``. It does not subclass Horovod's class,
+whose methods do the same and would recurse.
 
-    opt = hvm.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
-                                   compression=hvm.Compression.micro(density=0.001))
+Dense compressors (``Compression.none``/``fp16``) take Horovod's per-parameter allreduces,
+started by the hooks (:mod:`.dense`); sparse compressors exchange the whole gradient as one
+flat vector once per step in ``synchronize()`` (:class:`~.reducer.SparseReducer`).
 
-Like ``hvd.DistributedOptimizer`` the returned object is an instance of a class made at
-run time from the wrapped optimizer's class, so it *is* an ``SGD``/``Adam``/... and
-``step`` ends in the real optimizer's ``step``. Its methods reach the real optimizer with
-``super(self.__class__, self)`` (a bare ``super()`` cannot work in a class assembled with
-``type``); it does not subclass Horovod's class, whose methods do the same and would recurse.
-
-Two exchange paths: dense compressors (``Compression.none``/``fp16``, ours or Horovod's)
-take Horovod's per-parameter allreduces, started by the hooks (:mod:`horovod_micro.dense`);
-sparse compressors exchange the whole model's gradient as one flat vector, once per step in
-``synchronize()`` (:class:`~horovod_micro.reducer.SparseReducer`), and their hooks only
-count backward passes.
-
-This module holds the contract (``synchronize``, ``step``, ``zero_grad``, checkpoints) and
-the sparse path's orchestration. The run-time class also takes the methods of
-:class:`~horovod_micro.dense.DenseExchange`, :class:`~horovod_micro.elastic.ElasticMethods`,
-:class:`~horovod_micro.hooks.HookMethods` and
-:class:`~horovod_micro.shared_state.SharedStateMethods`. Arguments are checked collectively
-(:mod:`horovod_micro.validation`): a mistake on one rank never leaves the others waiting.
+This module holds ``synchronize``, ``step``, ``zero_grad`` and the sparse orchestration;
+the run-time class also takes the methods of :class:`~.dense.DenseExchange`,
+:class:`~.elastic.ElasticMethods`, :class:`~.hooks.HookMethods`,
+:class:`~.shared_state.SharedStateMethods` and :class:`~.optimizer_state.CheckpointMethods`.
+Arguments are checked collectively (:mod:`.validation`).
 """
 
 from __future__ import annotations
@@ -45,13 +36,12 @@ from .hooks import HookMethods
 from .layout import FlatLayout
 from .momentum import mask_applied
 from .naming import collective_prefix, name_parameters
+from .optimizer_state import CheckpointMethods
 from .reducer import SparseReducer
 from .shared_state import SharedStateMethods
 from .stats import StepStats
 from .status import OK, PARAMS_CHANGED, CollectiveInputError
 from .validation import Arguments
-
-_STATE_KEY = "horovod_micro"
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
@@ -191,14 +181,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for p in self._passes:
             self._passes[p] = 0
 
-    def _load_wrapped_state(self, state: dict) -> None:
-        """Load the wrapped optimizer's ``state``, forgetting any exchange in flight; the
-        next step synchronizes again (``load_state_dict`` and the elastic restore)."""
-        self._forget_pending_exchange()
-        self._synchronized = self._exchanged = False
-        self._should_synchronize = True
-        super(self.__class__, self).load_state_dict(state)
-
     def _parameter_change(self) -> str | None:
         """How ``param_groups`` differ from wrapping time (:mod:`.consistency`)."""
         return parameter_changes(self.param_groups, self._wrapped_ids, self._layout.params,
@@ -254,41 +236,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.backward_passes_per_step = passes
         for p in self._passes:
             self._passes[p] = 0
-
-    # ----- checkpointing ----------------------------------------------------------------
-    def state_dict(self) -> dict:
-        """The wrapped optimizer's state plus, for sparse methods, this rank's residual,
-        the iteration and the compressor's state (e.g. MiCRO's threshold controller).
-
-        The residual belongs to this rank: the state records the rank and the set size,
-        and :meth:`load_state_dict` refuses another rank's (the documentation's usage
-        page, "Checkpoints and resuming").
-        """
-        state = super(self.__class__, self).state_dict()
-        if self._reducer is not None:
-            state[_STATE_KEY] = self._reducer.state_dict()
-        return state
-
-    def load_state_dict(self, state_dict: dict) -> None:
-        """Load a :meth:`state_dict`, all or nothing: if any part is refused, the
-        optimizer keeps its state from before. A sparse state saved at another number of
-        ranks loads on the rank that saved it (its residual) and maps the compressor's
-        state onto this number of ranks, as an elastic reset does."""
-        state_dict = dict(state_dict)
-        sparse_state = state_dict.pop(_STATE_KEY, None)
-        reducer = self._reducer
-        if reducer is None or sparse_state is None:
-            self._load_wrapped_state(state_dict)
-            return
-        backup = reducer.state_dict()
-        reducer.load_state_dict(sparse_state)  # checks everything before it changes anything
-        try:
-            self._load_wrapped_state(state_dict)
-        except Exception:
-            reducer.load_state_dict(backup)
-            raise
-        self._state_sync_pending = True
-        self._loaded = True
 
 
 def DistributedOptimizer(  # noqa: N802  (Horovod's name)
@@ -385,7 +332,7 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name)
                         f"{compression!r}")
     merged = {}
     for part in (DenseExchange, ElasticMethods, HookMethods, SharedStateMethods,
-                 _DistributedOptimizer):
+                 CheckpointMethods, _DistributedOptimizer):
         merged.update({k: v for k, v in vars(part).items()
                         if k not in ("__dict__", "__weakref__")})
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), merged)
