@@ -8,6 +8,9 @@ import torch
 import horovod_micro as hvm
 
 SHAPES = [(16, 12), (12,), (6, 4, 5), (3, 3), (20, 3, 2, 2), (40, 30), (12, 8, 3, 3)]
+#: Small enough that the small matrices above are compressed at ranks 1-4 (the default, 16,
+#: would send most of them whole; tests/test_powersgd.py checks the default's choice).
+MIN_COMPRESSION = 2.0
 
 
 def rank_grads(rank: int, step: int) -> list[torch.Tensor]:
@@ -17,6 +20,7 @@ def rank_grads(rank: int, step: int) -> list[torch.Tensor]:
 
 
 def _optimizer(rank_r, op=hvd.Average, device="cpu", **options):
+    options.setdefault("min_compression", MIN_COMPRESSION)
     params = [torch.nn.Parameter(torch.zeros(shape, device=device)) for shape in SHAPES]
     opt = hvm.DistributedOptimizer(
         torch.optim.SGD(params, lr=0.1), named_parameters=[(f"p{i}", p)

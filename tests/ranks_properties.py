@@ -43,7 +43,8 @@ def _compression(method: str, density: float):
     if method == "threshold":
         return hvm.Compression.threshold(density=density)
     if method == "powersgd":  # no density: the rank of the approximation, 1 to 4
-        return hvm.Compression.powersgd(rank=1 + int(density * 3.999))
+        # min_compression 2: the drawn shapes (sides up to 12) are then compressed often
+        return hvm.Compression.powersgd(rank=1 + int(density * 3.999), min_compression=2.0)
     return getattr(hvm.Compression, method)(density=density)
 
 

@@ -12,7 +12,7 @@ import math
 import torch
 
 
-def compressed(shape: tuple[int, ...], rank: int, min_compression: float = 2.0) -> bool:
+def compressed(shape: tuple[int, ...], rank: int, min_compression: float = 16.0) -> bool:
     """Whether a parameter of ``shape`` travels as rank-``rank`` factors."""
     if len(shape) < 2:
         return False
@@ -20,10 +20,12 @@ def compressed(shape: tuple[int, ...], rank: int, min_compression: float = 2.0) 
     return rows * cols > min_compression * rank * (rows + cols)
 
 
-def initial_qs(shapes, rank: int, seed: int = 0) -> list[torch.Tensor | None]:
+def initial_qs(shapes, rank: int, seed: int = 0,
+               min_compression: float = 16.0) -> list[torch.Tensor | None]:
     """The first Q of every compressed parameter: one float64 normal draw of ``seed`` for
     all of them, cut in parameter order (the library's documented initialisation)."""
-    sizes = [math.prod(s[1:]) * rank if compressed(s, rank) else 0 for s in shapes]
+    sizes = [math.prod(s[1:]) * rank if compressed(s, rank, min_compression) else 0
+             for s in shapes]
     draw = torch.randn(sum(sizes), generator=torch.Generator().manual_seed(seed),
                        dtype=torch.float64)
     out, start = [], 0
@@ -39,13 +41,13 @@ def _orthonormal(p: torch.Tensor) -> torch.Tensor:
 
 
 def simulate_powersgd(grads, shapes, rank: int, seed: int = 0, average: bool = True,
-                      start_iteration: int = 0):
+                      start_iteration: int = 0, min_compression: float = 16.0):
     """``grads[t][w]``: worker w's list of parameter gradients at step t. Per step: the
     aggregate (list per parameter, identical on every worker) and each worker's residual
     (list per parameter), in float64. Before ``start_iteration`` the step is the plain
     average (the residual is sent whole) and Q waits."""
     n = len(grads[0])
-    qs = initial_qs(shapes, rank, seed)
+    qs = initial_qs(shapes, rank, seed, min_compression)
     residuals = [[torch.zeros(s, dtype=torch.float64) for s in shapes] for _ in range(n)]
     out = []
     for t, step in enumerate(grads):

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 from multirank import run_ranks
-from ranks_powersgd import SHAPES, rank_grads
+from ranks_powersgd import MIN_COMPRESSION, SHAPES, rank_grads
 from simulation_powersgd import compressed, simulate_powersgd
 
 import horovod_micro as hvm
@@ -27,7 +27,7 @@ def model_numbers(rank: int) -> tuple[int, int]:
     r m numbers (P, with the uncompressed entries) and r c numbers (Q)."""
     first = second = 0
     for shape in SHAPES:
-        if compressed(shape, rank):
+        if compressed(shape, rank, MIN_COMPRESSION):
             first += rank * shape[0]
             second += rank * math.prod(shape[1:])
         else:
@@ -52,15 +52,16 @@ def check_traces(results, backend, n, rank, op="average", start=0, atol=1e-5):
     float32 rounding allowed (entries are up to about 30; a wrong factor is off by O(1))."""
     grads = [[rank_grads(w, t) for w in range(n)] for t in range(STEPS)]
     want = simulate_powersgd(grads, SHAPES, rank, average=op == "average",
-                             start_iteration=start)
+                             start_iteration=start, min_compression=MIN_COMPRESSION)
     first, second = model_numbers(rank)
     dense = sum(math.prod(s) for s in SHAPES)
-    assert sum(compressed(s, rank) for s in SHAPES) >= 2  # the test compresses something
+    # the test compresses something
+    assert sum(compressed(s, rank, MIN_COMPRESSION) for s in SHAPES) >= 2
     for r in results:
         v = r.value
         assert v["same_weights"]
         assert v["compressed"] == [[s[0], math.prod(s[1:])] for s in SHAPES
-                                   if compressed(s, rank)]
+                                   if compressed(s, rank, MIN_COMPRESSION)]
         assert v["sent_numbers"] == first + second
         for t, got in enumerate(v["steps"]):
             context = (backend, n, rank, t, r.rank)
@@ -89,7 +90,7 @@ def test_powersgd_first_step_is_the_simulation_to_float_rounding():
     simulation's float64 QR differs by float32 rounding only."""
     results = run_ranks("ranks_powersgd:traces", np=2, kwargs={"rank_r": 2, "steps": 2})
     grads = [[rank_grads(w, 0) for w in range(2)]]
-    want = simulate_powersgd(grads, SHAPES, 2)[0]
+    want = simulate_powersgd(grads, SHAPES, 2, min_compression=MIN_COMPRESSION)[0]
     for r in results:
         got = _flat(r.value["steps"][0]["grads"])
         expected = _flat(want["aggregate"])
@@ -121,3 +122,24 @@ def test_a_bad_rank_on_one_rank_raises_on_every_rank():
 def test_bad_arguments_outside_a_job(kwargs, message):
     with pytest.raises(ValueError, match=message):
         hvm.Compression.powersgd(**kwargs)
+
+
+@pytest.mark.parametrize("rank", [1, 2, 4])
+def test_the_default_leaves_a_classifier_whole_and_compresses_the_large_matrices(rank):
+    """``min_compression=16`` (the default): of ``make run``'s 784-256-10 MLP and of the
+    benchmarks' 784-4096-2048-512-10, every hidden layer's weight travels as factors and
+    the 10-class classifier's weight (a gradient of rank up to 10) goes whole; the
+    simulation's rule agrees."""
+    from horovod_micro.compressors.powersgd import PowerSGDCompressor
+
+    for widths in ((256,), (4096, 2048, 512)):
+        shapes, width = [], 784
+        for w in (*widths, 10):
+            shapes += [(w, width), (w,)]
+            width = w
+        compressor = PowerSGDCompressor(rank=rank)
+        compressor.bind_shapes(shapes)
+        matrices, _ = compressor._plan(sum(math.prod(s) for s in shapes))
+        got = [(m.rows, m.cols) for m in matrices]
+        assert got == [s for s in shapes[:-2] if len(s) == 2], (widths, got)
+        assert [s for s in shapes if compressed(s, rank)] == [tuple(g) for g in got]
