@@ -42,8 +42,9 @@ def traces(rank_r: int, steps: int, op: str = "average", start_iteration: int = 
     weights; and a restart from a checkpoint taken halfway, which must continue alike.
     ``device``: where the parameters live (gpu_tests/ runs this on CUDA, where Horovod's
     allreduces are NCCL's)."""
-    options = {"start_iteration": start_iteration, "device": device}
-    opt, params = _optimizer(rank_r, hvd.Average if op == "average" else hvd.Sum, **options)
+    reduce_op = hvd.Average if op == "average" else hvd.Sum
+    options = {"device": device, "start_iteration": start_iteration}
+    opt, params = _optimizer(rank_r, reduce_op, **options)
     out = []
     for step in range(steps):
         if step == steps // 2:
@@ -59,8 +60,7 @@ def traces(rank_r: int, steps: int, op: str = "average", start_iteration: int = 
             opt.step()
     # A second optimizer loads the halfway checkpoint and replays the second half: its
     # aggregates must be the first one's (the warm-start Q travels in the state).
-    other, other_params = _optimizer(rank_r, hvd.Average if op == "average" else hvd.Sum,
-                                     **options)
+    other, other_params = _optimizer(rank_r, reduce_op, **options)
     other.load_state_dict(saved)
     resumed = []
     for step in range(steps // 2, steps):

@@ -11,8 +11,13 @@ import math
 
 import torch
 
+#: The library's documented default: a matrix is compressed when its factors are at least
+#: this many times smaller than it.
+DEFAULT_MIN_COMPRESSION = 16.0
 
-def compressed(shape: tuple[int, ...], rank: int, min_compression: float = 16.0) -> bool:
+
+def compressed(shape: tuple[int, ...], rank: int,
+               min_compression: float = DEFAULT_MIN_COMPRESSION) -> bool:
     """Whether a parameter of ``shape`` travels as rank-``rank`` factors."""
     if len(shape) < 2:
         return False
@@ -21,7 +26,7 @@ def compressed(shape: tuple[int, ...], rank: int, min_compression: float = 16.0)
 
 
 def initial_qs(shapes, rank: int, seed: int = 0,
-               min_compression: float = 16.0) -> list[torch.Tensor | None]:
+               min_compression: float = DEFAULT_MIN_COMPRESSION) -> list[torch.Tensor | None]:
     """The first Q of every compressed parameter: one float64 normal draw of ``seed`` for
     all of them, cut in parameter order (the library's documented initialisation)."""
     sizes = [math.prod(s[1:]) * rank if compressed(s, rank, min_compression) else 0
@@ -41,7 +46,8 @@ def _orthonormal(p: torch.Tensor) -> torch.Tensor:
 
 
 def simulate_powersgd(grads, shapes, rank: int, seed: int = 0, average: bool = True,
-                      start_iteration: int = 0, min_compression: float = 16.0):
+                      start_iteration: int = 0,
+                      min_compression: float = DEFAULT_MIN_COMPRESSION):
     """``grads[t][w]``: worker w's list of parameter gradients at step t. Per step: the
     aggregate (list per parameter, identical on every worker) and each worker's residual
     (list per parameter), in float64. Before ``start_iteration`` the step is the plain
