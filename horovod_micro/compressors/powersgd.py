@@ -21,7 +21,7 @@ of ``m = shape[0]`` rows and ``c = numel / m`` columns:
 4. the aggregate is ``P (sum_w Q_w)^T``, averaged like Horovod's ``op``; this rank's share
    of it is ``P Q_w^T``, and the residual keeps what that share misses,
    ``M_w - P Q_w^T`` (the local projection's error; summed over ranks the residuals lose
-   exactly ``n`` times the aggregate, as with every method here);
+   exactly ``n`` times the aggregate, as with every method of this package);
 5. the averaged ``Q`` is the next step's warm start, so that the power iteration runs on
    across steps and tracks the gradient's dominant subspace.
 
