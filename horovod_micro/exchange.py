@@ -52,7 +52,7 @@ import torch
 
 from .deadline import bounded, timeout_from_env
 from .stats import ring_allgather_bytes, ring_allreduce_bytes
-from .status import NONFINITE, raise_reported, split_status
+from .status import NONFINITE, is_bounded, raise_reported, split_status
 
 
 @dataclass
@@ -152,6 +152,8 @@ class Gathered:
     statuses: list[int]
     reports: list[int]
     checks: list[int] = field(default_factory=list)
+    #: per rank, the status word's :data:`~horovod_micro.status.BOUNDED` flag
+    bounded: list[bool] = field(default_factory=list)
 
     @property
     def counts(self) -> list[int]:
@@ -159,6 +161,10 @@ class Gathered:
 
     def nonfinite(self) -> bool:
         return any(s == NONFINITE for s in self.statuses)
+
+    def cannot_overflow(self) -> bool:
+        """Every rank's ``a_t`` was too small for a sum of the ranks' values to overflow."""
+        return bool(self.bounded) and all(self.bounded)
 
     def raise_errors(self) -> None:
         """Raise the same error on every rank if any rank reported one."""
@@ -178,19 +184,20 @@ def gather_indices(comm: Comm, indices: torch.Tensor, status: int, traffic: Traf
     traffic.timed(role, start)
 
     host = gathered if gathered.device.type == "cpu" else gathered.cpu()
-    per_rank, statuses, checks, reports, sizes = [], [], [], [], []
+    per_rank, statuses, checks, reports, sizes, bounded = [], [], [], [], [], []
     pos, head = 0, header.numel()
     for _ in range(comm.size):
         rank_status, count, rank_report = host[pos : pos + head].tolist()  # one read
         code, check = split_status(rank_status)
         statuses.append(code)
         checks.append(check)
+        bounded.append(is_bounded(rank_status))
         reports.append(rank_report)
         per_rank.append(gathered[pos + head : pos + head + count])
         sizes.append((count + head) * block.element_size())
         pos += head + count
     traffic.add(ring_allgather_bytes(sizes, comm.rank))
-    return Gathered(per_rank, statuses, reports, checks)
+    return Gathered(per_rank, statuses, reports, checks, bounded)
 
 
 def allreduce_values(comm: Comm, values: torch.Tensor, traffic: Traffic, op,
@@ -289,6 +296,7 @@ def gather_slots(comm: Comm, indices: torch.Tensor, capacity: int, status: int,
         statuses=[split_status(head[0])[0] for head in heads],
         reports=[head[2] for head in heads],
         checks=[split_status(head[0])[1] for head in heads],
+        bounded=[is_bounded(head[0]) for head in heads],
         slots=slots, valid=valid, selected=[head[3] for head in heads])
 
 

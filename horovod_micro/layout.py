@@ -65,6 +65,11 @@ class FlatLayout:
             bad |= values.abs() > limits[owner]
         return bad
 
+    @property
+    def narrow(self) -> bool:
+        """Whether some parameter's dtype has a smaller range than the flat buffer's."""
+        return self._narrow is not None
+
     def any_unrepresentable(self, indices: torch.Tensor, values: torch.Tensor) -> bool:
         """Whether any of ``values`` is :meth:`unrepresentable`. Without narrower
         parameters, a finite sum proves every value finite (one fast reduction: the

@@ -39,7 +39,7 @@ from .layout import FlatLayout
 from .reducer_state import ReducerCheckpoint
 from .residual_views import ResidualViews
 from .stats import PhaseClock, StepStats, phase_sync
-from .status import NONFINITE, OK, step_check, with_check
+from .status import BOUNDED, NONFINITE, OK, step_check, with_check
 
 
 def _all_finite(acc: torch.Tensor, sq_norm: float) -> bool:
@@ -154,6 +154,8 @@ class SparseReducer(ReducerCheckpoint):
 
         traffic = Traffic()
         word = with_check(status, step_check(self.layout.params))
+        if status == OK and self._cannot_overflow(sq_norm):
+            word |= BOUNDED
         reduced = self.compressor.exchange(acc, selection, word, self.iteration,
                                            self.reduction, traffic)
         clock.lap("exchange")
@@ -163,9 +165,11 @@ class SparseReducer(ReducerCheckpoint):
         # NaN/Inf in some rank's a_t came with the status; a value that overflowed on the
         # wire (fp16_values) or in the sum shows in the aggregate, which every rank holds
         # identically, so it is judged the same everywhere without another message.
-        # So does an aggregate beyond a float16 parameter's range.
-        nonfinite = (reduced.gathered.nonfinite()
-                     or self.layout.any_unrepresentable(reduced.indices, reduced.values))
+        # So does an aggregate beyond a float16 parameter's range. Where every rank's
+        # norm bounds its values far below the range (the BOUNDED flag), no look is needed.
+        proven = reduced.gathered.cannot_overflow() and not self.layout.narrow
+        nonfinite = reduced.gathered.nonfinite() or (
+            not proven and self.layout.any_unrepresentable(reduced.indices, reduced.values))
         if nonfinite:
             residual_norm = self._skip(reduced)
         else:
@@ -202,6 +206,24 @@ class SparseReducer(ReducerCheckpoint):
         if self.stats_callback is not None:
             self.stats_callback(stats)
         return stats
+
+    def _cannot_overflow(self, sq_norm: float) -> bool:
+        """Whether this rank's ``a_t`` is too small for the aggregate to overflow: with a
+        method whose values are entries of the ranks' ``a_t``
+        (:attr:`~horovod_micro.compressors.base.Compressor.values_are_entries`), each is
+        at most ``||a_t||``, so a sum over ``n`` ranks, scaled as Horovod's ``op`` scales
+        it, stays below ``n ||a_t||`` times the scale factors (if above 1). Below half the
+        range of the wire's dtype (float16 with ``fp16_values``) and of the buffer's, with
+        room for the float16 rounding, nothing can overflow, and every rank that knows
+        each rank said so (:data:`~horovod_micro.status.BOUNDED`) skips the look at the
+        aggregate: one host read fewer on a GPU."""
+        if not (self.compressor.values_are_entries and math.isfinite(sq_norm)):
+            return False
+        wire = torch.float16 if self.compressor.fp16_values else self.layout.dtype
+        limit = min(torch.finfo(wire).max, torch.finfo(self.layout.dtype).max)
+        r = self.reduction
+        scale = self.comm.size * max(1.0, abs(r.prescale)) * max(1.0, abs(r.postscale))
+        return math.sqrt(sq_norm) * scale < limit / 2
 
     def _apply(self, reduced: Aggregate, sq_norm: float) -> float | Callable[[], float]:
         """A finite step: the aggregate becomes the output; where this rank's value went

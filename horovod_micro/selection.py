@@ -135,6 +135,15 @@ class ThresholdSelector:
         selected = torch.nonzero(segment.abs() >= threshold).view(-1)
         return (selected + offset).to(index_dtype(numel))
 
+    def counted(self, segment: torch.Tensor, threshold: float, count: int) -> torch.Tensor:
+        """Positions in ``segment`` of ``|segment| >= threshold`` when the caller already
+        knows there are ``count`` of them (a count taken at the same threshold, in the
+        same dtype): on the torch path ``nonzero_static``, whose size is known in advance,
+        so a GPU's host does not wait for the device as it does for ``nonzero``."""
+        if self._takes_native(segment, segment.numel()):
+            return self(segment, threshold, 0, segment.numel())
+        return torch.nonzero_static(segment.abs() >= threshold, size=count).view(-1)
+
     def with_values(self, segment: torch.Tensor, threshold: float, offset: int,
                     numel: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``(indices, segment[indices - offset])`` for ``|segment| >= threshold``: the

@@ -3,10 +3,12 @@
 Each sparse exchange starts with an allgather whose block header holds one status integer
 per rank (:mod:`horovod_micro.exchange`). It carries two things, at no extra message:
 
-* a **code** (low 8 bits): a condition on this rank that must be acted on collectively:
+* a **code** (low 7 bits): a condition on this rank that must be acted on collectively:
   NaN/Inf in its gradient (every rank skips the step), or an input no rank can proceed
   with (a sparse gradient, a gradient with an autograd graph over the residual views,
   parameters changed after wrapping: every rank raises :class:`CollectiveInputError`);
+* the **bounded** flag (bit 7): this rank's ``a_t`` cannot make the sum overflow
+  (:data:`BOUNDED`);
 * a **check word** (the bits above): a value every rank must hold alike, today a digest of
   which parameters are frozen (:func:`step_check`). Ranks that toggled ``requires_grad``
   on some ranks only would otherwise drift apart silently; if the words differ, every rank
@@ -31,6 +33,10 @@ SPARSE_GRADIENT = 2
 GRAPH_GRADIENT = 3
 PARAMS_CHANGED = 4
 CODE_BITS = 8  # the status integer: code | check << CODE_BITS
+#: A flag beside the code: this rank's ``a_t`` is small enough that no sum of the ranks'
+#: values can overflow (:meth:`~horovod_micro.reducer.SparseReducer.reduce` sets it);
+#: when every rank sets it, the aggregate is finite without a look at it.
+BOUNDED = 1 << (CODE_BITS - 1)
 CHECK_BITS = 23  # the check word's width: the integer fits int32 headers
 STATUS_MESSAGES = {
     NONFINITE: "gradient holds NaN or Inf",
@@ -56,8 +62,14 @@ def with_check(code: int, check: int) -> int:
 
 
 def split_status(word: int) -> tuple[int, int]:
-    """``(code, check word)`` of a gathered status integer."""
-    return word & ((1 << CODE_BITS) - 1), word >> CODE_BITS
+    """``(code, check word)`` of a gathered status integer (without the
+    :data:`BOUNDED` flag)."""
+    return word & (BOUNDED - 1), word >> CODE_BITS
+
+
+def is_bounded(word: int) -> bool:
+    """Whether a gathered status integer carries the :data:`BOUNDED` flag."""
+    return bool(word & BOUNDED)
 
 
 def step_check(params: Sequence[torch.Tensor]) -> int:

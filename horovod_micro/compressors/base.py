@@ -129,6 +129,10 @@ class Compressor:
     #: Index slots per rank in the exchange's gather, one shape every step (None: exact
     #: variable sizes). A method whose count is bounded sets it when bound.
     slots: int | None = None
+    #: Whether every value a rank puts into the value allreduce is an entry of its own
+    #: ``a_t`` (or that entry rounded to float16): the reducer then proves the aggregate
+    #: finite from the ranks' norms instead of reading it (:data:`~horovod_micro.status.BOUNDED`).
+    values_are_entries: bool = False
 
     def __init__(self, density: float | None, *, error_feedback: bool = True,
                  fp16_values: bool = False, momentum_masking: bool | None = None):

@@ -100,6 +100,7 @@ class MicroCompressor(Compressor):
 
     name = "micro"
     masks_momentum_from = 8
+    values_are_entries = True  # each rank's a_t at the union (or the slots; 0 if unused)
 
     def __init__(self, density: float = 0.001, *, initial_threshold: float | None = None,
                  controller: str = "bounded", judge: str | None = None,

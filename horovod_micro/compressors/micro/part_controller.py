@@ -231,8 +231,8 @@ class PartController:
             return counts[j]
 
         j = closest_step(count_at, target, lo, hi)
-        threshold = th0 * LADDER ** j
-        if (abs(math.log(max(count_at(j), 0.5) / target)) > math.log(self.fine)
+        threshold, count = th0 * LADDER ** j, count_at(j)
+        if (abs(math.log(max(count, 0.5) / target)) > math.log(self.fine)
                 and count_at(lo) >= target):
             # A cliff: so many values within one ladder step that even the closest step
             # misses (on ResNet-18 at d = 0.001, 8,000 of them within 1 %: error feedback
@@ -240,9 +240,12 @@ class PartController:
             # round(target)-th largest of the values already selected (O(k/n)).
             m = min(max(round(target), 1), values.numel())
             threshold = float(torch.kthvalue(values, values.numel() - m + 1).values)
+            count = None  # ties at the cut: counted by the selection below
         if threshold != th0 * LADDER ** lo:
-            # The same threshold selection, over the selected values (positions in them).
-            keep = selector(values, threshold, 0, values.numel())
+            # The same threshold selection, over the selected values (positions in them);
+            # at a ladder step its count is known, so no host read waits for it.
+            keep = (selector(values, threshold, 0, values.numel()) if count is None
+                    else selector.counted(values, threshold, count))
             indices = indices.index_select(0, keep)
         return indices, threshold, j
 
