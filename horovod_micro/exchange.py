@@ -171,13 +171,25 @@ class Gathered:
         raise_reported(self.statuses, self.checks)
 
 
-def gather_indices(comm: Comm, indices: torch.Tensor, status: int, traffic: Traffic,
-                   report: int = 0, role: str = "indices") -> Gathered:
-    """Allgather every rank's ``indices`` (1-D, any length, int32 or int64) with a status."""
-    # Built on the host and copied without waiting for the device (on a GPU a tensor
-    # made with device= would be a blocking copy: a host synchronisation).
-    header = torch.tensor([status, indices.numel(), report], dtype=indices.dtype).to(
-        indices.device, non_blocking=True)
+def _header(values: list[int], status: int | torch.Tensor, like: torch.Tensor
+            ) -> torch.Tensor:
+    """A block header ``[status, *values]`` on ``like``'s device, in its dtype: built on
+    the host and copied without waiting for the device (on a GPU a tensor made with
+    ``device=`` would be a blocking copy: a host synchronisation); a status word computed
+    on the device (a 0-dim tensor) is copied in there, never read by the host."""
+    on_device = isinstance(status, torch.Tensor)
+    header = torch.tensor([0 if on_device else status, *values], dtype=like.dtype).to(
+        like.device, non_blocking=True)
+    if on_device:
+        header[0] = status
+    return header
+
+
+def gather_indices(comm: Comm, indices: torch.Tensor, status: int | torch.Tensor,
+                   traffic: Traffic, report: int = 0, role: str = "indices") -> Gathered:
+    """Allgather every rank's ``indices`` (1-D, any length, int32 or int64) with a status
+    (an integer, or a 0-dim integer tensor on the indices' device)."""
+    header = _header([indices.numel(), report], status, indices)
     block = torch.cat([header, indices])
     start = time.perf_counter()
     gathered = comm.allgather(block, role)
@@ -264,7 +276,7 @@ class SlotsGathered(SelectedCounts):
     valid: torch.Tensor | None = None
 
 
-def gather_slots(comm: Comm, indices: torch.Tensor, capacity: int, status: int,
+def gather_slots(comm: Comm, indices: torch.Tensor, capacity: int, status: int | torch.Tensor,
                  traffic: Traffic, report: int = 0, selected: int | None = None,
                  role: str = "indices") -> SlotsGathered:
     """Allgather every rank's ``indices`` (at most ``capacity``) in a block of one fixed
@@ -277,9 +289,8 @@ def gather_slots(comm: Comm, indices: torch.Tensor, capacity: int, status: int,
     if count > capacity:
         raise ValueError(f"{count} indices do not fit a capacity of {capacity}")
     block = torch.zeros(FIXED_HEADER + capacity, dtype=indices.dtype, device=indices.device)
-    header = torch.tensor([status, count, report, count if selected is None else selected],
-                          dtype=indices.dtype).to(indices.device, non_blocking=True)
-    block[:FIXED_HEADER] = header
+    block[:FIXED_HEADER] = _header([count, report, count if selected is None else selected],
+                                   status, indices)
     block[FIXED_HEADER:FIXED_HEADER + count] = indices
     start = time.perf_counter()
     gathered = comm.allgather(block, role).view(comm.size, FIXED_HEADER + capacity)

@@ -38,6 +38,7 @@ from .exchange import Comm, Traffic
 from .layout import FlatLayout
 from .reducer_state import ReducerCheckpoint
 from .residual_views import ResidualViews
+from .selection import reads_wait
 from .stats import PhaseClock, StepStats, phase_sync
 from .status import BOUNDED, NONFINITE, OK, step_check, with_check
 
@@ -58,8 +59,8 @@ def _sum_of_squares(x: torch.Tensor) -> torch.Tensor:
     return torch.dot(x, x)
 
 
-def _norm_on_read(squared: torch.Tensor, exact_below: float, residual: torch.Tensor
-                  ) -> Callable[[], float]:
+def _norm_on_read(squared: torch.Tensor, exact_below: float | torch.Tensor,
+                  residual: torch.Tensor) -> Callable[[], float]:
     """The residual's norm as :class:`~horovod_micro.stats.StepStats` reads it, from its
     square ``squared`` (a device tensor) computed without a pass over N. Should that
     square be below ``exact_below`` (a difference of sums that may be rounding, or an
@@ -68,7 +69,7 @@ def _norm_on_read(squared: torch.Tensor, exact_below: float, residual: torch.Ten
 
     def read() -> float:
         value = float(squared)
-        if value >= exact_below and math.isfinite(value):
+        if value >= float(exact_below) and math.isfinite(value):
             return math.sqrt(value)
         if residual._version == version:
             return _norm(residual)
@@ -142,20 +143,18 @@ class SparseReducer(ReducerCheckpoint):
             self._written = None
         clock.lap("accumulate")
         if sq_norm is None:  # not squared on the way (zero-copy, or no native kernel)
-            sq_norm = float(torch.dot(acc, acc))
-        if status == OK and not _all_finite(acc, sq_norm):
-            status = NONFINITE
+            sq_norm = torch.dot(acc, acc)
+            if not reads_wait(acc):  # a read costs nothing here
+                sq_norm = float(sq_norm)
         if reported != OK:
             status = reported
+        word = self._status_word(acc, status, sq_norm)
         clock.lap("check")
         self.compressor.prepare(sq_norm)
         selection = self.compressor.select(acc, self.iteration)
         clock.lap("select")
 
         traffic = Traffic()
-        word = with_check(status, step_check(self.layout.params))
-        if status == OK and self._cannot_overflow(sq_norm):
-            word |= BOUNDED
         reduced = self.compressor.exchange(acc, selection, word, self.iteration,
                                            self.reduction, traffic)
         clock.lap("exchange")
@@ -183,12 +182,13 @@ class SparseReducer(ReducerCheckpoint):
         clock.split("exchange", traffic.by_role)
 
         counts = reduced.gathered.counts
+        threshold = reduced.threshold  # a device scalar is read when the statistic is
         stats = StepStats(
             iteration=self.iteration,
             method=self.compressor.name,
             numel=self.layout.numel,
             target_count=self.compressor.target_count,
-            threshold=reduced.threshold,
+            threshold=threshold.item if isinstance(threshold, torch.Tensor) else threshold,
             rank_counts=counts,
             global_count=int(reduced.indices.numel()),
             density=reduced.indices.numel() / self.layout.numel,
@@ -207,8 +207,32 @@ class SparseReducer(ReducerCheckpoint):
             self.stats_callback(stats)
         return stats
 
-    def _cannot_overflow(self, sq_norm: float) -> bool:
-        """Whether this rank's ``a_t`` is too small for the aggregate to overflow: with a
+    def _status_word(self, acc: torch.Tensor, status: int, sq_norm: float | torch.Tensor
+                     ) -> int | torch.Tensor:
+        """The header's status word: an input error as reported; otherwise NONFINITE if
+        ``a_t`` holds NaN or Inf, and the BOUNDED flag (:meth:`_cannot_overflow`), with
+        the check word. From a device scalar ``sq_norm`` the same decisions are tensor ops
+        and the word stays on the device (no host read); an overflowed square is then
+        told from a non-finite entry by one more pass over ``a_t`` on every step, which a
+        GPU pays (a fraction of the norm's pass) instead of a synchronisation; a handful
+        of 0-dim ops (kernel launches) replace the read."""
+        check = step_check(self.layout.params)
+        if status != OK:
+            return with_check(status, check)
+        bound = self._overflow_bound()
+        if not isinstance(sq_norm, torch.Tensor):
+            if not _all_finite(acc, sq_norm):
+                return with_check(NONFINITE, check)
+            return with_check(BOUNDED if sq_norm < bound else OK, check)
+        # A square below the bound is finite, so every entry is; otherwise the entries
+        # tell (a square overflows on finite entries beyond 1.8e19 in float32).
+        finite = torch.where(torch.isfinite(acc).all(), with_check(OK, check),
+                             with_check(NONFINITE, check))
+        bound = min(bound, torch.finfo(sq_norm.dtype).max)  # half the range: room to round
+        return torch.where(sq_norm < bound, with_check(BOUNDED, check), finite)
+
+    def _overflow_bound(self) -> float:
+        """How small ``||a_t||^2`` must be for the aggregate not to overflow: with a
         method whose values are entries of the ranks' ``a_t``
         (:attr:`~horovod_micro.compressors.base.Compressor.values_are_entries`), each is
         at most ``||a_t||``, so a sum over ``n`` ranks, scaled as Horovod's ``op`` scales
@@ -216,16 +240,19 @@ class SparseReducer(ReducerCheckpoint):
         range of the wire's dtype (float16 with ``fp16_values``) and of the buffer's, with
         room for the float16 rounding, nothing can overflow, and every rank that knows
         each rank said so (:data:`~horovod_micro.status.BOUNDED`) skips the look at the
-        aggregate: one host read fewer on a GPU."""
-        if not (self.compressor.values_are_entries and math.isfinite(sq_norm)):
-            return False
+        aggregate: one host read fewer on a GPU. Returns the bound on ``||a_t||^2``
+        (0 for other methods: never below it)."""
+        if not self.compressor.values_are_entries:
+            return 0.0
         wire = torch.float16 if self.compressor.fp16_values else self.layout.dtype
         limit = min(torch.finfo(wire).max, torch.finfo(self.layout.dtype).max)
         r = self.reduction
         scale = self.comm.size * max(1.0, abs(r.prescale)) * max(1.0, abs(r.postscale))
-        return math.sqrt(sq_norm) * scale < limit / 2
+        bound = limit / 2 / scale
+        return bound * bound  # inf for float64 buffers: no finite square reaches it
 
-    def _apply(self, reduced: Aggregate, sq_norm: float) -> float | Callable[[], float]:
+    def _apply(self, reduced: Aggregate, sq_norm: float | torch.Tensor
+               ) -> float | Callable[[], float]:
         """A finite step: the aggregate becomes the output; where this rank's value went
         into it, the residual keeps only what the wire lost (0 in full precision, the
         float16 rounding error with ``fp16_values``). Returns the residual's norm, or the
@@ -246,8 +273,8 @@ class SparseReducer(ReducerCheckpoint):
         self._written = (self.output, applied, self.output._version)
         self.applied = applied
         self.compressor.observe(reduced)
-        if not math.isfinite(sq_norm):  # ||a||^2 overflowed on finite entries
-            return _norm(acc)
+        if not isinstance(sq_norm, torch.Tensor) and not math.isfinite(sq_norm):
+            return _norm(acc)  # ||a||^2 overflowed on finite entries (on a device: on read)
         # ||a||^2 - ||sent||^2 + ||kept||^2 (float64 sums over k entries): no second pass
         # over N, unless nearly all of ||a||^2 was sent and the difference would be
         # rounding (a 1e20 entry sent, the rest of order 1): then one exact pass.

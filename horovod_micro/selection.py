@@ -83,29 +83,42 @@ def count_abs_ge(x: torch.Tensor, threshold: float) -> int:
     return int((x.abs() >= threshold).sum())
 
 
+def reads_wait(x: torch.Tensor) -> bool:
+    """Whether a host read of ``x``'s values would make the host wait for a device: on a
+    GPU, and on the CPU when the device path is forced (``HOROVOD_MICRO_SELECT=torch``, how
+    the tests run it there). Where it would, the step keeps scalars such as the squared
+    norm, the scale and the thresholds as 0-dim tensors on the device; elsewhere a read
+    costs nothing and plain floats are simpler."""
+    return x.device.type != "cpu" or forced_torch()
+
+
 def counts_at_once(x: torch.Tensor) -> bool:
     """Whether several counts over ``x`` should be read with :func:`counts_abs_ge_many`:
-    on a device, where each count read is a host synchronisation, and on the CPU when the
-    device path is forced (``HOROVOD_MICRO_SELECT=torch``, how the tests run it there).
-    Otherwise one count at a time is cheaper: the batched comparison does every
-    threshold's pass (10x the time of a handful of counts on CPU float64, measured)."""
-    return x.device.type != "cpu" or forced_torch()
+    where each count read is a host synchronisation (:func:`reads_wait`). Otherwise one
+    count at a time is cheaper: the batched comparison does every threshold's pass (10x
+    the time of a handful of counts on CPU float64, measured)."""
+    return reads_wait(x)
 
 
 #: Entries of the (thresholds x values) comparison that counts_abs_ge_many builds at once.
 _MANY_CHUNK = 1 << 24
 
 
-def counts_abs_ge_many(x: torch.Tensor, thresholds: list[float],
+def counts_abs_ge_many(x: torch.Tensor, thresholds: list[float] | torch.Tensor,
                        chunk: int = _MANY_CHUNK) -> list[int]:
     """``[count_abs_ge(x, t) for t in thresholds]`` with one host read instead of one per
     threshold: on a GPU every count read is a host synchronisation. The thresholds travel
     as a tensor of ``x``'s dtype, as a Python threshold is compared in ``x``'s dtype, so
     each count equals :func:`count_abs_ge`'s. The host-to-device copy of the thresholds is
-    asynchronous (no wait for the device). ``chunk``: the most comparisons made at once."""
-    if not thresholds:
+    asynchronous (no wait for the device); thresholds already on the device (a 1-D
+    tensor, float64) are rounded to ``x``'s dtype there. ``chunk``: the most comparisons
+    made at once."""
+    if len(thresholds) == 0:
         return []
-    levels = torch.tensor(thresholds, dtype=x.dtype).to(x.device, non_blocking=True)
+    if isinstance(thresholds, torch.Tensor):
+        levels = thresholds.to(x.dtype)
+    else:
+        levels = torch.tensor(thresholds, dtype=x.dtype).to(x.device, non_blocking=True)
     a = x.abs().unsqueeze(0)
     rows = max(1, chunk // max(x.numel(), 1))
     counts = [(a >= levels[i : i + rows].unsqueeze(1)).sum(1)

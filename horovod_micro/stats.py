@@ -56,7 +56,8 @@ class StepStats:
         method: the compressor's name (``micro``, ``topk``, ``none`` ...).
         numel: elements in the flat gradient (``N``).
         target_count: ``k = floor(density * N)`` (``N`` for dense methods).
-        threshold: threshold used for this selection (``None`` where there is none).
+        threshold: threshold used for this selection (``None`` where there is none); on a
+            GPU it is read from the device on its first read, like ``residual_norm``.
         rank_counts: coordinates each rank selected, by rank.
         global_count: distinct coordinates whose aggregate was applied.
         density: ``global_count / numel``, the actual density.
@@ -84,7 +85,7 @@ class StepStats:
     method: str
     numel: int
     target_count: int
-    threshold: float | None
+    threshold: float | None = _OnRead()  # type: ignore[assignment]
     rank_counts: list[int] = field(default_factory=list)
     global_count: int = 0
     density: float = 0.0

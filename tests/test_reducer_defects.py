@@ -211,11 +211,21 @@ def _overflow(spec, big, iteration=2):
     return [[iteration, None, 200, big]]
 
 
-@pytest.mark.parametrize("backend_", ["gloo", "mpi"])
-def test_fp16_overflow_is_a_nonfinite_step_on_every_rank(backend_):
+#: Backends, and the selection path: "torch" is the device path a GPU takes, where the
+#: status word and its bounded flag are computed on the device (HOROVOD_MICRO_SELECT=torch).
+PATHS = [("gloo", "native"), ("mpi", "native"), ("gloo", "torch")]
+
+
+def _env(select):
+    return {"HOROVOD_MICRO_SELECT": "torch"} if select == "torch" else {}
+
+
+@pytest.mark.parametrize("backend_,select", PATHS)
+def test_fp16_overflow_is_a_nonfinite_step_on_every_rank(backend_, select):
     """|a| > 65504 cannot travel as float16 (nor can a sum beyond it): every rank treats
     the step as non-finite, the overflowing coordinate leaves the residuals, the next
-    step is normal. (Each backend's allreduce must hand every rank the same aggregate.)"""
+    step is normal. (Each backend's allreduce must hand every rank the same aggregate;
+    a rank's bounded flag must not hide a sum that overflows.)"""
     configs = {}
     for spec in every_method(fp16_values=True):
         configs[spec["label"]] = {"runs": [spec], "numel": NUMEL, "iterations": 4, "seed": 5,
@@ -225,7 +235,7 @@ def test_fp16_overflow_is_a_nonfinite_step_on_every_rank(backend_):
     configs["micro_sum"] = {"runs": [summed], "numel": NUMEL, "iterations": 4, "seed": 5,
                             "inject": _overflow(summed, 40000.0)}
     results = run_ranks("ranks_reducer_defects:suite", np=2, backend=backend_,
-                        kwargs={"configs": configs})
+                        kwargs={"configs": configs}, env=_env(select))
     for name, config in configs.items():
         sims = check(results, config["runs"], config, rtol=1e-6, atol=1e-9, name=name)
         assert [h["finite"] for h in sims[name]] == [True, True, False, True], name
@@ -234,8 +244,8 @@ def test_fp16_overflow_is_a_nonfinite_step_on_every_rank(backend_):
 # ----- 3. non-finite steps -----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("backend_", ["gloo", "mpi"])
-def test_nonfinite_step_keeps_the_finite_residual(backend_):
+@pytest.mark.parametrize("backend_,select", PATHS)
+def test_nonfinite_step_keeps_the_finite_residual(backend_, select):
     """NaN, +Inf and -Inf in rank 1's gradient at iteration 2 (the +Inf in the part rank 1
     owns, so MiCRO sends it): every rank gets NaN; each residual keeps its finite entries;
     only non-finite entries and the coordinates of non-finite aggregates become 0."""
@@ -243,7 +253,7 @@ def test_nonfinite_step_keeps_the_finite_residual(backend_):
     inject = [[2, 1, 3, math.nan], [2, 1, 7, -math.inf], [2, 1, 160, math.inf]]
     config = {"runs": runs, "numel": NUMEL, "iterations": 4, "seed": 6, "inject": inject}
     results = run_ranks("ranks_reducer_defects:traces", np=2, backend=backend_,
-                        kwargs=config)
+                        kwargs=config, env=_env(select))
     sims = check(results, runs, config, rtol=1e-6, atol=1e-9)
     for label, sim in sims.items():
         assert [h["finite"] for h in sim] == [True, True, False, True], label
@@ -259,16 +269,19 @@ def test_nonfinite_step_keeps_the_finite_residual(backend_):
 # ----- 4. finiteness check ------------------------------------------------------------------
 
 
-def test_huge_finite_values_are_not_mistaken_for_overflow():
+@pytest.mark.parametrize("select", ["native", "torch"])
+def test_huge_finite_values_are_not_mistaken_for_overflow(select):
     """A finite 1e20 in float32 (its square overflows float32) and 1e200 in float64 (its
-    square overflows float64) are ordinary values: finite steps, finite residual norms."""
+    square overflows float64) are ordinary values: finite steps, finite residual norms
+    (on the device path too, where the entries, not the square, decide on the device)."""
     configs = {
         "float32": {"runs": every_method(), "numel": NUMEL, "iterations": 4, "seed": 7,
                     "inject": [[2, None, 200, 1e20], [2, 1, 20, -1e20]]},
         "float64": {"runs": every_method(), "numel": NUMEL, "iterations": 4, "seed": 7,
                     "dtype": "float64", "inject": [[2, None, 200, 1e200], [2, 1, 20, 1e200]]},
     }
-    results = run_ranks("ranks_reducer_defects:suite", np=2, kwargs={"configs": configs})
+    results = run_ranks("ranks_reducer_defects:suite", np=2, kwargs={"configs": configs},
+                        env=_env(select))
     for name, config in configs.items():
         rtol, atol = (1e-6, 1e-9) if name == "float32" else (1e-13, 1e-16)
         sims = check(results, config["runs"], config, rtol=rtol, atol=atol, name=name)

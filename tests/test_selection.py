@@ -89,9 +89,10 @@ def test_counts_read_at_once_equal_counts_read_one_by_one():
     assert counts_abs_ge_many(torch.ones(3), []) == []
 
 
-@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("n", [2, 4, 8])
 def test_micro_on_the_device_generic_path_equals_simulation(n, monkeypatch):
-    """What a GPU runs, on the CPU: HOROVOD_MICRO_SELECT=torch takes the torch selection
+    """What a GPU runs, on the CPU: HOROVOD_MICRO_SELECT=torch takes the torch selection,
+    keeps the squared norm, the status word, the scale and the thresholds on the device
     and reads the bounded controller's ladder counts at once (counts_abs_ge_many); the
     exchange must still be the independent simulation's, step for step."""
     from test_loopback import check_micro

@@ -209,17 +209,19 @@ class Compressor:
         return math.floor(self.density * self.numel)  # >= 1: bind_error rejects 0
 
     # ----- the pipeline --------------------------------------------------------------
-    def prepare(self, sq_norm: float) -> None:
+    def prepare(self, sq_norm: float | torch.Tensor) -> None:
         """Called by the reducer once per step, before :meth:`select`, with the squared L2
         norm of this rank's whole ``a_t`` (from the pass that checks it for NaN/Inf, so it
-        costs nothing extra; may be ``inf`` if it overflowed). A scale every method may use
-        without another pass over N; the default ignores it."""
+        costs nothing extra; may be ``inf`` if it overflowed): a float, or where a host
+        read would wait for a device (:func:`~horovod_micro.selection.reads_wait`) a 0-dim
+        tensor there. A scale every method may use without another pass over N; the
+        default ignores it."""
 
     def select(self, acc: torch.Tensor, iteration: int) -> Selection:
         """This rank's choice among the coordinates of ``acc`` (no communication)."""
         raise NotImplementedError
 
-    def exchange(self, acc: torch.Tensor, selection: Selection, status: int,
+    def exchange(self, acc: torch.Tensor, selection: Selection, status: int | torch.Tensor,
                  iteration: int, reduction: ReduceOp, traffic: Traffic) -> Aggregate:
         """The protocol every method shares (see the module docstring): the index gather
         with ``status`` (in :attr:`slots` of one fixed shape where the method sets them,

@@ -222,20 +222,24 @@ class MicroCompressor(Compressor):
 
     def threshold(self) -> float:
         """The threshold of this rank's last selection (before the first: the shared one,
-        or for the scale-free controllers None)."""
+        or for the scale-free controllers None); on a GPU, a host read."""
         if self._threshold is None:
             return getattr(self.controller, "threshold", None)
-        return self._threshold
+        return float(self._threshold)
 
     def rescale(self, ratio: float) -> None:
         self.controller.rescale(ratio)
         if self._threshold is not None:
             self._threshold *= ratio
 
-    def prepare(self, sq_norm: float) -> None:
+    def prepare(self, sq_norm: float | torch.Tensor) -> None:
         """Keep the RMS of this rank's ``a_t``, the scale-free controllers' scale (a
-        non-finite norm keeps the previous one: that step is skipped or overflowed)."""
-        if math.isfinite(sq_norm):
+        non-finite norm keeps the previous one: that step is skipped or overflowed); from
+        a device scalar, a device scalar (float64, the same arithmetic), never read."""
+        if isinstance(sq_norm, torch.Tensor):
+            scale = torch.sqrt(sq_norm.double() / self.numel)
+            self._scale = torch.where(torch.isfinite(scale), scale, self._scale)
+        elif math.isfinite(sq_norm):
             self._scale = math.sqrt(sq_norm / self.numel)
 
     def select(self, acc: torch.Tensor, iteration: int) -> Selection:

@@ -182,12 +182,17 @@ class PartController:
         factor = min(max(1.0 - self.integral_gain * self.excess, 1.0 - c), 1.0 + c)
         return max(self.target_count * factor * self.sizes[part] / self.numel, 1.0)
 
-    def base_threshold(self, part: int, scale: float) -> float:
+    def base_threshold(self, part: int, scale: float | torch.Tensor) -> float | torch.Tensor:
         return math.exp(self.log_multipliers[part]) * scale
 
     def select(self, acc: torch.Tensor, start: int, end: int, part: int,
-               selector: ThresholdSelector, scale: float) -> tuple[torch.Tensor, float, int]:
-        """This rank's selection in ``acc[start:end]``: (indices, threshold, report)."""
+               selector: ThresholdSelector, scale: float | torch.Tensor
+               ) -> tuple[torch.Tensor, float | torch.Tensor, int]:
+        """This rank's selection in ``acc[start:end]``: (indices, threshold, report).
+
+        ``scale`` may be a device scalar (the reducer's, where host reads wait for a
+        device): the thresholds then stay on the device too, each ladder level the same
+        float64 product as on the host, and the host reads only counts."""
         segment, numel = acc[start:end], acc.numel()
         if self.density >= 1.0:
             # Density 1: the target is the whole part, and everything goes, as a dense
@@ -196,16 +201,22 @@ class PartController:
             indices = torch.arange(start, end, device=acc.device).to(index_dtype(numel))
             return indices, 0.0, round(self.bias) if self.correct else indices.numel()
         th0 = self.base_threshold(part, scale)
-        if not 0.0 < th0 < math.inf:  # an all-zero a_t (rms 0): nothing to send or learn
-            return selector(segment, math.inf, start, numel), math.inf, (
-                round(self.bias) if self.correct else round(self.part_target(part)))
+        on_device = isinstance(th0, torch.Tensor)
+        if on_device:  # rms 0 (the scale is finite): selects nothing, only then read below
+            th0 = torch.where(th0 > 0.0, th0, math.inf)
+        elif not 0.0 < th0 < math.inf:
+            return self._nothing(selector, segment, start, numel, part)
         if not self.correct:
             indices = selector(segment, th0, start, numel)
+            if on_device and indices.numel() == 0 and not bool(torch.isfinite(th0)):
+                return self._nothing(selector, segment, start, numel, part)
             return indices, th0, indices.numel()
         # The kernel writes the selected values next to their indices: the ladder search
         # below counts among them without gathering from the part again.
         indices, values = selector.with_values(segment, th0, start, numel)
         c0 = indices.numel()
+        if on_device and c0 == 0 and not bool(torch.isfinite(th0)):
+            return self._nothing(selector, segment, start, numel, part)
         target = self.part_target(part)
         if target / self.band <= c0 < target:
             return indices, th0, 0
@@ -222,8 +233,9 @@ class PartController:
             # On a GPU each count would be a host synchronisation, so the counts of every
             # step the search is likely to ask for come in one read.
             steps = range(lo + 1, (lo + UPWARD_WINDOW if hi is None else hi) + 1)
-            counts.update(zip(steps, counts_abs_ge_many(values,
-                                                        [th0 * LADDER ** j for j in steps])))
+            factors = torch.tensor([LADDER ** j for j in steps], dtype=torch.float64)
+            levels = th0 * factors.to(values.device, non_blocking=True)
+            counts.update(zip(steps, counts_abs_ge_many(values, levels)))
 
         def count_at(j: int) -> int:
             if j not in counts:
@@ -232,8 +244,9 @@ class PartController:
 
         j = closest_step(count_at, target, lo, hi)
         threshold, count = th0 * LADDER ** j, count_at(j)
-        if (abs(math.log(max(count, 0.5) / target)) > math.log(self.fine)
-                and count_at(lo) >= target):
+        cliff = (abs(math.log(max(count, 0.5) / target)) > math.log(self.fine)
+                 and count_at(lo) >= target)
+        if cliff:
             # A cliff: so many values within one ladder step that even the closest step
             # misses (on ResNet-18 at d = 0.001, 8,000 of them within 1 %: error feedback
             # piles |a| up just under the threshold). The exact cut is at hand: the
@@ -241,13 +254,20 @@ class PartController:
             m = min(max(round(target), 1), values.numel())
             threshold = float(torch.kthvalue(values, values.numel() - m + 1).values)
             count = None  # ties at the cut: counted by the selection below
-        if threshold != th0 * LADDER ** lo:
+        if cliff or j != lo:
             # The same threshold selection, over the selected values (positions in them);
             # at a ladder step its count is known, so no host read waits for it.
             keep = (selector(values, threshold, 0, values.numel()) if count is None
                     else selector.counted(values, threshold, count))
             indices = indices.index_select(0, keep)
         return indices, threshold, j
+
+    def _nothing(self, selector: ThresholdSelector, segment: torch.Tensor, start: int,
+                 numel: int, part: int) -> tuple[torch.Tensor, float, int]:
+        """An all-zero ``a_t`` (rms 0) or an overflowed one: nothing to send or learn (the
+        neutral report)."""
+        return selector(segment, math.inf, start, numel), math.inf, (
+            round(self.bias) if self.correct else round(self.part_target(part)))
 
     def descent(self, c0: int, target: float) -> int:
         """Ladder steps of the one extra pass when the count is far too low."""
