@@ -157,6 +157,37 @@ class ThresholdSelector:
             return self(segment, threshold, 0, segment.numel())
         return torch.nonzero_static(segment.abs() >= threshold, size=count).view(-1)
 
+    def scores(self, segment: torch.Tensor) -> torch.Tensor:
+        """What the torch path compares with the threshold (in absolute value): the
+        segment itself; a judge that scores coordinates otherwise overrides it."""
+        return segment
+
+    def slotted(self, segment: torch.Tensor, threshold: float | torch.Tensor, offset: int,
+                numel: int, levels: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor, list[int]] | None:
+        """The device path's selection with one host read: ``(indices, |scores| there,
+        [count, count at each of levels])``, the counts among the selected values as
+        :func:`counts_abs_ge_many` takes them, read together with the selection's size.
+        ``torch.nonzero_static`` writes the selection into ``capacity`` slots (no wait for
+        its size); unused slots hold 0, which no positive level counts. None if more than
+        ``capacity`` were selected (the capacity grows) or the segment is empty: the caller
+        selects as usual. ``levels``: float64 thresholds on the segment's device."""
+        if segment.numel() == 0:
+            return None
+        scores = self.scores(segment).abs()
+        chosen = scores >= threshold
+        positions = torch.nonzero_static(chosen, size=self.capacity, fill_value=0).view(-1)
+        count = chosen.sum()
+        used = torch.arange(self.capacity, device=segment.device) < count
+        values = torch.where(used, scores.index_select(0, positions), 0)
+        counts = (values.unsqueeze(0) >= levels.to(values.dtype).unsqueeze(1)).sum(1)
+        read = torch.cat([count.view(1), counts]).tolist()  # the one host read
+        if read[0] > self.capacity:
+            self.capacity = int(read[0] * 1.5) + 1
+            return None
+        selected = positions[:read[0]]
+        return (selected + offset).to(index_dtype(numel)), values[:read[0]], read
+
     def with_values(self, segment: torch.Tensor, threshold: float, offset: int,
                     numel: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``(indices, segment[indices - offset])`` for ``|segment| >= threshold``: the

@@ -165,6 +165,12 @@ class DriftSelector(ThresholdSelector):
             return self.with_values(segment, threshold, offset, numel)[0]
         return super().__call__(segment, threshold, offset, numel)
 
+    def scores(self, segment):
+        if not self._judged(segment):
+            return segment
+        _, _, last, now, wait = self._part
+        return drift_scores(segment, last, now, wait)
+
     def with_values(self, segment, threshold, offset, numel):
         if not self._judged(segment):
             return super().with_values(segment, threshold, offset, numel)

@@ -213,8 +213,9 @@ class PartController:
             return indices, th0, indices.numel()
         # The kernel writes the selected values next to their indices: the ladder search
         # below counts among them without gathering from the part again.
-        indices, values = selector.with_values(segment, th0, start, numel)
-        c0 = indices.numel()
+        indices, values, counts = self._counted_pass(selector, segment, th0, 0, None, start,
+                                                     numel)
+        c0 = counts[0]
         if on_device and c0 == 0 and not bool(torch.isfinite(th0)):
             return self._nothing(selector, segment, start, numel, part)
         target = self.part_target(part)
@@ -224,18 +225,8 @@ class PartController:
         if c0 < target / self.band:
             lo, hi = -self.descent(c0, target), 0
             self.extra_passes += 1
-            indices, values = selector.with_values(segment, th0 * LADDER ** lo, start, numel)
-        values = values.abs()
-        # Each count is a pass over the selected values (O(k/n)); the search asks for some
-        # steps twice, and the count at ``lo`` is the selection's own size.
-        counts = {lo: indices.numel()}
-        if counts_at_once(values):
-            # On a GPU each count would be a host synchronisation, so the counts of every
-            # step the search is likely to ask for come in one read.
-            steps = range(lo + 1, (lo + UPWARD_WINDOW if hi is None else hi) + 1)
-            factors = torch.tensor([LADDER ** j for j in steps], dtype=torch.float64)
-            levels = th0 * factors.to(values.device, non_blocking=True)
-            counts.update(zip(steps, counts_abs_ge_many(values, levels)))
+            indices, values, counts = self._counted_pass(selector, segment, th0, lo, hi,
+                                                         start, numel)
 
         def count_at(j: int) -> int:
             if j not in counts:
@@ -261,6 +252,34 @@ class PartController:
                     else selector.counted(values, threshold, count))
             indices = indices.index_select(0, keep)
         return indices, threshold, j
+
+    def _counted_pass(self, selector: ThresholdSelector, segment: torch.Tensor,
+                      th0: float | torch.Tensor, lo: int, hi: int | None, start: int,
+                      numel: int) -> tuple[torch.Tensor, torch.Tensor, dict[int, int]]:
+        """The selection at ``th0 q**lo``: ``(indices, |values| there, counts)``, where
+        ``counts`` maps ladder steps to counts among those values (each a pass over the
+        selected values, O(k/n)): the selection's own size at ``lo`` and, where a host
+        read waits for a device, every step the search of ``[lo, hi]`` (upward: the
+        next UPWARD_WINDOW) is likely to ask for, read with the selection's size in one
+        go (:meth:`~horovod_micro.selection.ThresholdSelector.slotted`)."""
+        threshold = th0 * LADDER ** lo
+        if not counts_at_once(segment):
+            indices, values = selector.with_values(segment, threshold, start, numel)
+            return indices, values.abs(), {lo: indices.numel()}
+        steps = range(lo + 1, (lo + UPWARD_WINDOW if hi is None else hi) + 1)
+        factors = torch.tensor([LADDER ** j for j in steps], dtype=torch.float64)
+        levels = th0 * factors.to(segment.device, non_blocking=True)
+        slotted = selector.slotted(segment, threshold, start, numel, levels)
+        if slotted is not None:
+            indices, values, read = slotted
+            return indices, values, {lo: read[0], **dict(zip(steps, read[1:]))}
+        # More than the slots hold (the capacity has grown): the selection's size, then
+        # the counts, read apart once.
+        indices, values = selector.with_values(segment, threshold, start, numel)
+        values = values.abs()
+        counts = {lo: indices.numel()}
+        counts.update(zip(steps, counts_abs_ge_many(values, levels)))
+        return indices, values, counts
 
     def _nothing(self, selector: ThresholdSelector, segment: torch.Tensor, start: int,
                  numel: int, part: int) -> tuple[torch.Tensor, float, int]:
