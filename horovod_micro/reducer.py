@@ -88,6 +88,49 @@ def _norm(x: torch.Tensor) -> float:
     return norm
 
 
+def status_word(acc: torch.Tensor, status: int, sq_norm: float | torch.Tensor, check: int,
+                bound: float) -> int | torch.Tensor:
+    """The header's status word: an input error as reported; otherwise NONFINITE if
+    ``a_t`` holds NaN or Inf, and the BOUNDED flag when ``sq_norm`` is below ``bound``
+    (:func:`overflow_bound`), with the check word. From a device scalar ``sq_norm`` the
+    same decisions are tensor ops and the word stays on the device (no host read); an
+    overflowed square is then told from a non-finite entry by one more pass over ``a_t``
+    on every step, which a GPU pays (a fraction of the norm's pass) instead of a
+    synchronisation; a handful of 0-dim ops (kernel launches) replace the read."""
+    if status != OK:
+        return with_check(status, check)
+    if not isinstance(sq_norm, torch.Tensor):
+        if not _all_finite(acc, sq_norm):
+            return with_check(NONFINITE, check)
+        return with_check(BOUNDED if sq_norm < bound else OK, check)
+    # A square below the bound is finite, so every entry is; otherwise the entries tell
+    # (a square overflows on finite entries beyond 1.8e19 in float32).
+    finite = torch.where(torch.isfinite(acc).all(), with_check(OK, check),
+                         with_check(NONFINITE, check))
+    bound = min(bound, torch.finfo(sq_norm.dtype).max)  # half the range: room to round
+    return torch.where(sq_norm < bound, with_check(BOUNDED, check), finite)
+
+
+def overflow_bound(compressor: Compressor, layout: FlatLayout, size: int,
+                   reduction: ReduceOp) -> float:
+    """How small ``||a_t||^2`` must be for the aggregate not to overflow: with a method
+    whose values are entries of the ranks' ``a_t``
+    (:attr:`~horovod_micro.compressors.base.Compressor.values_are_entries`), each is at
+    most ``||a_t||``, so a sum over ``size`` ranks, scaled as Horovod's ``op`` scales it,
+    stays below ``size ||a_t||`` times the scale factors (if above 1). Below half the
+    range of the wire's dtype (float16 with ``fp16_values``) and of the buffer's, with
+    room for the float16 rounding, nothing can overflow, and every rank that knows each
+    rank said so (:data:`~horovod_micro.status.BOUNDED`) skips the look at the aggregate:
+    one host read fewer on a GPU. 0 for other methods (no square is below it)."""
+    if not compressor.values_are_entries:
+        return 0.0
+    wire = torch.float16 if compressor.fp16_values else layout.dtype
+    limit = min(torch.finfo(wire).max, torch.finfo(layout.dtype).max)
+    scale = size * max(1.0, abs(reduction.prescale)) * max(1.0, abs(reduction.postscale))
+    bound = limit / 2 / scale
+    return bound * bound  # inf for float64 buffers: no finite square reaches it
+
+
 class SparseReducer(ReducerCheckpoint):
     """Runs a :class:`Compressor` over the flat gradient of a fixed list of parameters."""
 
@@ -148,7 +191,9 @@ class SparseReducer(ReducerCheckpoint):
                 sq_norm = float(sq_norm)
         if reported != OK:
             status = reported
-        word = self._status_word(acc, status, sq_norm)
+        word = status_word(acc, status, sq_norm, step_check(self.layout.params),
+                           overflow_bound(self.compressor, self.layout, self.comm.size,
+                                          self.reduction))
         clock.lap("check")
         self.compressor.prepare(sq_norm)
         selection = self.compressor.select(acc, self.iteration)
@@ -206,50 +251,6 @@ class SparseReducer(ReducerCheckpoint):
         if self.stats_callback is not None:
             self.stats_callback(stats)
         return stats
-
-    def _status_word(self, acc: torch.Tensor, status: int, sq_norm: float | torch.Tensor
-                     ) -> int | torch.Tensor:
-        """The header's status word: an input error as reported; otherwise NONFINITE if
-        ``a_t`` holds NaN or Inf, and the BOUNDED flag (:meth:`_cannot_overflow`), with
-        the check word. From a device scalar ``sq_norm`` the same decisions are tensor ops
-        and the word stays on the device (no host read); an overflowed square is then
-        told from a non-finite entry by one more pass over ``a_t`` on every step, which a
-        GPU pays (a fraction of the norm's pass) instead of a synchronisation; a handful
-        of 0-dim ops (kernel launches) replace the read."""
-        check = step_check(self.layout.params)
-        if status != OK:
-            return with_check(status, check)
-        bound = self._overflow_bound()
-        if not isinstance(sq_norm, torch.Tensor):
-            if not _all_finite(acc, sq_norm):
-                return with_check(NONFINITE, check)
-            return with_check(BOUNDED if sq_norm < bound else OK, check)
-        # A square below the bound is finite, so every entry is; otherwise the entries
-        # tell (a square overflows on finite entries beyond 1.8e19 in float32).
-        finite = torch.where(torch.isfinite(acc).all(), with_check(OK, check),
-                             with_check(NONFINITE, check))
-        bound = min(bound, torch.finfo(sq_norm.dtype).max)  # half the range: room to round
-        return torch.where(sq_norm < bound, with_check(BOUNDED, check), finite)
-
-    def _overflow_bound(self) -> float:
-        """How small ``||a_t||^2`` must be for the aggregate not to overflow: with a
-        method whose values are entries of the ranks' ``a_t``
-        (:attr:`~horovod_micro.compressors.base.Compressor.values_are_entries`), each is
-        at most ``||a_t||``, so a sum over ``n`` ranks, scaled as Horovod's ``op`` scales
-        it, stays below ``n ||a_t||`` times the scale factors (if above 1). Below half the
-        range of the wire's dtype (float16 with ``fp16_values``) and of the buffer's, with
-        room for the float16 rounding, nothing can overflow, and every rank that knows
-        each rank said so (:data:`~horovod_micro.status.BOUNDED`) skips the look at the
-        aggregate: one host read fewer on a GPU. Returns the bound on ``||a_t||^2``
-        (0 for other methods: never below it)."""
-        if not self.compressor.values_are_entries:
-            return 0.0
-        wire = torch.float16 if self.compressor.fp16_values else self.layout.dtype
-        limit = min(torch.finfo(wire).max, torch.finfo(self.layout.dtype).max)
-        r = self.reduction
-        scale = self.comm.size * max(1.0, abs(r.prescale)) * max(1.0, abs(r.postscale))
-        bound = limit / 2 / scale
-        return bound * bound  # inf for float64 buffers: no finite square reaches it
 
     def _apply(self, reduced: Aggregate, sq_norm: float | torch.Tensor
                ) -> float | Callable[[], float]:

@@ -58,6 +58,17 @@ JUDGES = ("drift", "magnitude")
 CAPACITY_FACTOR = 1.2
 
 
+def rms(sq_norm: float | torch.Tensor, numel: int, previous: float | torch.Tensor
+        ) -> float | torch.Tensor:
+    """``sqrt(sq_norm / numel)``; a non-finite norm keeps ``previous`` (that step is
+    skipped or overflowed). From a device scalar, a device scalar (float64, the same
+    arithmetic as on the host), never read."""
+    if isinstance(sq_norm, torch.Tensor):
+        scale = torch.sqrt(sq_norm.double() / numel)
+        return torch.where(torch.isfinite(scale), scale, previous)
+    return math.sqrt(sq_norm / numel) if math.isfinite(sq_norm) else previous
+
+
 @register
 class MicroCompressor(Compressor):
     """MiCRO sparsification (see the module docstring).
@@ -233,14 +244,8 @@ class MicroCompressor(Compressor):
             self._threshold *= ratio
 
     def prepare(self, sq_norm: float | torch.Tensor) -> None:
-        """Keep the RMS of this rank's ``a_t``, the scale-free controllers' scale (a
-        non-finite norm keeps the previous one: that step is skipped or overflowed); from
-        a device scalar, a device scalar (float64, the same arithmetic), never read."""
-        if isinstance(sq_norm, torch.Tensor):
-            scale = torch.sqrt(sq_norm.double() / self.numel)
-            self._scale = torch.where(torch.isfinite(scale), scale, self._scale)
-        elif math.isfinite(sq_norm):
-            self._scale = math.sqrt(sq_norm / self.numel)
+        """Keep the RMS of this rank's ``a_t``, the scale-free controllers' scale."""
+        self._scale = rms(sq_norm, self.numel, self._scale)
 
     def select(self, acc: torch.Tensor, iteration: int) -> Selection:
         part = owned_part(self.comm.rank, iteration, self.comm.size)
