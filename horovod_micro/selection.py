@@ -87,17 +87,11 @@ def reads_wait(x: torch.Tensor) -> bool:
     """Whether a host read of ``x``'s values would make the host wait for a device: on a
     GPU, and on the CPU when the device path is forced (``HOROVOD_MICRO_SELECT=torch``, how
     the tests run it there). Where it would, the step keeps scalars such as the squared
-    norm, the scale and the thresholds as 0-dim tensors on the device; elsewhere a read
-    costs nothing and plain floats are simpler."""
+    norm, the scale and the thresholds as 0-dim tensors on the device, and reads several
+    counts at once (:func:`counts_abs_ge_many`); elsewhere a read costs nothing, plain
+    floats are simpler and one count at a time is cheaper (the batched comparison does
+    every threshold's pass: 10x the time of a handful of counts on CPU float64, measured)."""
     return x.device.type != "cpu" or forced_torch()
-
-
-def counts_at_once(x: torch.Tensor) -> bool:
-    """Whether several counts over ``x`` should be read with :func:`counts_abs_ge_many`:
-    where each count read is a host synchronisation (:func:`reads_wait`). Otherwise one
-    count at a time is cheaper: the batched comparison does every threshold's pass (10x
-    the time of a handful of counts on CPU float64, measured)."""
-    return reads_wait(x)
 
 
 #: Entries of the (thresholds x values) comparison that counts_abs_ge_many builds at once.

@@ -72,8 +72,8 @@ from ...selection import (
     ThresholdSelector,
     count_abs_ge,
     counts_abs_ge_many,
-    counts_at_once,
     index_dtype,
+    reads_wait,
 )
 from .controller import check_state
 
@@ -263,7 +263,7 @@ class PartController:
         next UPWARD_WINDOW) is likely to ask for, read with the selection's size in one
         go (:meth:`~horovod_micro.selection.ThresholdSelector.slotted`)."""
         threshold = th0 * LADDER ** lo
-        if not counts_at_once(segment):
+        if not reads_wait(segment):
             indices, values = selector.with_values(segment, threshold, start, numel)
             return indices, values.abs(), {lo: indices.numel()}
         steps = range(lo + 1, (lo + UPWARD_WINDOW if hi is None else hi) + 1)
