@@ -10,7 +10,7 @@ charged to the line of ``horovod_micro`` that made it. Ops are every aten call o
 (forward and backward included: compare variants, not absolutes).
 
     .venv/bin/python -m bench.host_reads [--steps 20] [--density 0.01] [--capacity exact] \
-        [--json FILE]
+        [--json FILE] [--ops]
     .venv/bin/horovodrun -np 2 -H localhost:2 --gloo .venv/bin/python -m bench.host_reads
 
 A small MLP (5 linear layers, 10 parameter tensors), 10 warm-up steps, then ``--steps``
@@ -42,6 +42,8 @@ def main() -> None:
     ap.add_argument("--capacity", default=None,
                     help="MiCRO's capacity= (default: its own; 'exact' for exact sizes)")
     ap.add_argument("--json", default=None, help="write rank 0's census here")
+    ap.add_argument("--ops", action="store_true",
+                    help="also list the ops per step by the line of horovod_micro that ran them")
     args = ap.parse_args()
     os.environ["HOROVOD_MICRO_SELECT"] = "torch"
     import horovod.torch as hvd
@@ -62,12 +64,16 @@ def main() -> None:
             capacity=int(args.capacity) if (args.capacity or "").isdigit() else args.capacity))
     reads: collections.Counter = collections.Counter()
     ops: collections.Counter = collections.Counter()
+    ops_by_site: collections.Counter = collections.Counter()
+    by_site = args.ops
     scalar_reads = ("aten._local_scalar_dense", "aten.nonzero", "aten.masked_select")
 
     class Census(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             name = str(func.overloadpacket)
             ops[name] += 1
+            if by_site:
+                ops_by_site[(name.removeprefix("aten."), _site())] += 1
             if name in scalar_reads:
                 reads[(name.removeprefix("aten."), _site())] += 1
             return func(*args, **(kwargs or {}))
@@ -103,6 +109,11 @@ def main() -> None:
             print(f"| {count / args.steps:.2f} | {kind} | {line} |")
         print(f"\nhost reads per step: {sum(reads.values()) / args.steps:.2f}; "
               f"ops per step (model included): {sum(ops.values()) / args.steps:.1f}")
+        if args.ops:
+            print("\n| ops per step | op | line |\n|---:|---|---|")
+            for (op, line), count in sorted(ops_by_site.items(), key=lambda kv: -kv[1]):
+                if line != "?":
+                    print(f"| {count / args.steps:.2f} | {op} | {line} |")
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"ranks": hvd.size(), "steps": args.steps,

@@ -43,6 +43,7 @@ class FlatLayout:
         # largest value their gradient can hold, per run of the flat vector
         # (see :meth:`unrepresentable`); None when every parameter has the buffer's range.
         self._narrow: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._kept: list[tuple[torch.Tensor, list[torch.Tensor]]] = []
         limits = [torch.finfo(p.dtype).max if p.dtype.is_floating_point else math.inf
                   for p in self.params]
         if any(limit < torch.finfo(self.dtype).max for limit in limits):
@@ -53,6 +54,29 @@ class FlatLayout:
         """Each parameter's slice of the N-sized ``flat``, shaped like the parameter (views,
         no copy: writes through one land in ``flat``)."""
         return [flat[start:end].view_as(p) for p, (start, end) in zip(self.params, self.slices)]
+
+    def kept_views(self, flat: torch.Tensor) -> list[torch.Tensor]:
+        """:meth:`views` of a buffer that lives across steps (the residual, the output),
+        built once and handed out again while each still is its parameter's slice of
+        ``flat``, so that a step's Python does not grow with the number of parameters by
+        slicing every one of them anew. A view whose shape, place or layout changed (an
+        in-place ``t_()``, ``resize_()`` or ``.data =`` on a ``.grad``) has all of them
+        rebuilt. The views of the last two buffers asked for are kept."""
+        for i, (buffer, views) in enumerate(self._kept):
+            if buffer is flat:
+                if self._still_views(flat, views):
+                    return views
+                del self._kept[i]
+                break
+        views = self.views(flat)
+        self._kept = [(flat, views), *self._kept[:1]]
+        return views
+
+    def _still_views(self, flat: torch.Tensor, views: list[torch.Tensor]) -> bool:
+        base, size = flat.data_ptr(), flat.element_size()
+        return all(v.data_ptr() == base + start * size and v.shape == p.shape
+                   and v.dtype == flat.dtype and v.is_contiguous()
+                   for v, p, (start, _) in zip(views, self.params, self.slices))
 
     def unrepresentable(self, indices: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         """Which of ``values`` (at flat ``indices``) no parameter's ``.grad`` can hold:

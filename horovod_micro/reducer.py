@@ -348,7 +348,7 @@ class SparseReducer(ReducerCheckpoint):
 
     def _write_back(self) -> None:
         written = []
-        for p, view in zip(self.layout.params, self.layout.views(self.output)):
+        for p, view in zip(self.layout.params, self.layout.kept_views(self.output)):
             if not p.requires_grad:  # frozen after wrapping: the optimizer must skip it
                 p.grad = None
                 continue

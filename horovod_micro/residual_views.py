@@ -91,7 +91,7 @@ class ResidualViews:
         always on the first step), keep ``.grad = None`` and take the out-of-place path. With
         ``zero_copy`` off (or switched off by :meth:`check`), every ``.grad`` becomes None
         instead."""
-        for p, view, dense in zip(self.layout.params, self.layout.views(residual),
+        for p, view, dense in zip(self.layout.params, self.layout.kept_views(residual),
                                   self.dense_before):
             if self.enabled and dense and p.dtype == residual.dtype and p.requires_grad:
                 p.grad = view

@@ -148,6 +148,29 @@ def test_layout_views_cut_the_flat_vector_in_name_order():
     assert flat.tolist() == [1.0] * 6 + [2.0] * 4 + [3.0] * 5
 
 
+def test_kept_views_are_handed_out_again_until_one_stops_being_its_slice():
+    """The views of a buffer that lives across steps are built once; one that an in-place
+    ``t_()``, ``unsqueeze_()`` or ``set_()`` moved or reshaped (as a user's code may do to
+    a ``.grad``) makes them all be rebuilt, and a new buffer gets views of its own."""
+    shapes = [(2, 3), (4,), (3, 3)]
+    layout = FlatLayout([(f"p{i}", torch.nn.Parameter(torch.zeros(s)))
+                         for i, s in enumerate(shapes)])
+    flat, other = torch.zeros(6 + 4 + 9), torch.zeros(6 + 4 + 9)
+    views = layout.kept_views(flat)
+    assert layout.kept_views(flat) is views
+    assert layout.kept_views(other) is not views and layout.kept_views(flat) is views
+    for damage in (lambda v: v[2].t_(), lambda v: v[1].unsqueeze_(0),
+                   lambda v: v[0].set_(torch.zeros(2, 3))):
+        damage(views)
+        fresh = layout.kept_views(flat)
+        assert fresh is not views
+        assert [tuple(v.shape) for v in fresh] == shapes
+        for i, v in enumerate(fresh):
+            v.fill_(i + 1)
+        assert flat.tolist() == [1.0] * 6 + [2.0] * 4 + [3.0] * 9
+        views = fresh
+
+
 def test_float64_model_equals_float64_simulation():
     """A float64 model's exchange keeps float64 in every method: equal to a float64
     simulation of n workers to float64 precision (a float32 round trip is 1e-8 off)."""
