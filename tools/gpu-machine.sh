@@ -5,8 +5,10 @@
 #
 #   bash tools/gpu-machine.sh SDIST WHEEL_DIR OUT [STEP ...]
 #
-# STEP: build tests syncs pipeline (the default) or ab cycle batch train timeline, each a
-# function below; ab needs BASE_TREE, train FMNIST_DIR.
+# STEP: build tests syncs pipeline (the default) or ab cycle async batch train timeline, each
+# a function below; ab needs BASE_TREE (AB_MODELS picks its models), train FMNIST_DIR.
+# On an H100 (16 cores): build 145 s, tests 51 s, one bench.pipeline run about 25 s; so
+# `build syncs ab tests` with AB_MODELS=wide_mlp fits one 10-minute call (about 6 min).
 #
 # SDIST: horovod-0.28.1.tar.gz (`pip download --no-deps --no-binary :all: horovod==0.28.1`);
 # WHEEL_DIR: wheels for what the build needs and the machine may lack (cffi, pycparser).
@@ -94,6 +96,20 @@ cycle() {
     done
 }
 
+# Horovod's cycle time against its asynchronous completion (HOROVOD_ENABLE_ASYNC_COMPLETION,
+# which lets a CUDA collective finish without the background thread waiting on it).
+async() {
+    local ct on
+    for ct in 1 0.2 0; do
+        for on in 0 1; do
+            HOROVOD_ENABLE_ASYNC_COMPLETION=$on "$PY" -m bench.pipeline --device cuda --np 1 \
+                --model wide_mlp --iters 60 --warmup 20 --variants compute micro \
+                --cycle-time-ms "$ct" --json "$OUT/json/pipeline_wide_mlp_cycle${ct}_async${on}.json" \
+                || return 1
+        done
+    done
+}
+
 # ResNet-18 at batch 128: a GPU-sized batch, so more compute per exchanged parameter.
 batch() {
     local ct
@@ -109,7 +125,7 @@ batch() {
 ab() {
     local model round tree tag
     [ -d "${BASE_TREE:-}" ] || { echo "BASE_TREE is not a directory"; return 1; }
-    for model in wide_mlp resnet18; do
+    for model in ${AB_MODELS:-wide_mlp resnet18}; do
         for round in 1 2; do
             for tree in "$BASE_TREE" "$REPO"; do
                 tag=after
