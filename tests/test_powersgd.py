@@ -46,10 +46,20 @@ def test_powersgd_on_real_ranks_equals_the_simulation(backend, n, rank, op, star
     check_traces(results, backend, n, rank, op, start)
 
 
+def _close(got: torch.Tensor, want: torch.Tensor, atol: float, context) -> None:
+    scale = max(1.0, float(want.abs().max()))
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=atol * scale, msg=str(context))
+
+
 def check_traces(results, backend, n, rank, op="average", start=0, atol=1e-5):
     """The ranks' traces (ranks_powersgd.traces) against simulate_powersgd: aggregates,
     residuals, bytes, statistics, identical weights and the resumed half. ``atol``: the
-    float32 rounding allowed (entries are up to about 30; a wrong factor is off by O(1))."""
+    float32 rounding allowed, relative to the step's largest entry (a wrong factor is off by
+    O(1) of it). The library's float32 Gram-Schmidt and the simulation's float64 QR part by
+    rounding that the warm start carries from step to step: at rank 4 it doubles every
+    step (2.5e-6, 9e-6, 1.9e-5, 4.1e-5 on entries up to 18), by an amount that depends on
+    the CPU's BLAS kernels. The simulation itself moves as much: gradients perturbed by
+    1e-7 of themselves (float32 rounding) move its rank-4 aggregates by 3e-6 to 1.1e-5."""
     grads = [[rank_grads(w, t) for w in range(n)] for t in range(STEPS)]
     want = simulate_powersgd(grads, SHAPES, rank, average=op == "average",
                              start_iteration=start, min_compression=MIN_COMPRESSION)
@@ -65,11 +75,9 @@ def check_traces(results, backend, n, rank, op="average", start=0, atol=1e-5):
         assert v["sent_numbers"] == first + second
         for t, got in enumerate(v["steps"]):
             context = (backend, n, rank, t, r.rank)
-            torch.testing.assert_close(_flat(got["grads"]), _flat(want[t]["aggregate"]),
-                                       rtol=1e-4, atol=atol, msg=str(context))
-            torch.testing.assert_close(_flat([got["residual"]]),
-                                       _flat(want[t]["residuals"][r.rank]),
-                                       rtol=1e-4, atol=atol, msg=str(context))
+            _close(_flat(got["grads"]), _flat(want[t]["aggregate"]), atol, context)
+            _close(_flat([got["residual"]]), _flat(want[t]["residuals"][r.rank]), atol,
+                   context)
             # Bytes: the status header's allgather (3 int32 per rank) and two ring
             # allreduces of float32 factors, nothing else.
             header = ring_allgather_bytes([12] * n, r.rank)
