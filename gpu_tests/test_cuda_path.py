@@ -13,11 +13,19 @@ One GPU cannot hold two NCCL ranks (NCCL refuses two ranks on one device), so th
 NCCL test runs one rank; the n-rank arithmetic on CUDA tensors is the loopback tests'.
 """
 
+import json
+import sys
+from pathlib import Path
+
 import pytest
 from multirank import run_ranks
 from test_loopback import SPECS, check_baseline, check_micro
 from test_powersgd import STEPS, check_traces
 from test_zero_copy import ITERATIONS, NUMEL, SEED, check_variants
+
+from horovod_micro.testing.launch import run_bounded
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.parametrize("controller", ["bounded", "newton", "paper", "scale"])
@@ -52,3 +60,16 @@ def test_powersgd_on_a_nccl_rank_equals_the_simulation(rank):
     # summation order than the CPU's) grows over the steps; 1e-3 of the largest entry (up
     # to 30), far below the O(1) of it that a wrong factor makes.
     check_traces(results, "nccl", 1, rank, atol=1e-3)
+
+
+def test_a_micro_step_synchronises_the_host_once(tmp_path):
+    """PyTorch's sync debug mode over MiCRO steps on the GPU (bench/cuda_syncs.py, the
+    defaults, after warm-up): the host waits once per step, for the gathered header's
+    tolist(); the selection is decided on the device (internal syncs of an op, such as
+    bincount's, would show here, where the CPU's census cannot see them)."""
+    out = tmp_path / "syncs.json"
+    run_bounded([sys.executable, "-m", "bench.cuda_syncs", "--np", "1", "--warmup", "20",
+                 "--steps", "10", "--json", str(out)], 900, cwd=REPO)
+    result = json.loads(out.read_text())
+    assert result["per_step"] <= 1.0, result["rows"]
+    assert all(row["file"].endswith("exchange.py") for row in result["rows"]), result["rows"]

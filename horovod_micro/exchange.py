@@ -37,6 +37,11 @@ each rank's block changes shape every step; one fixed shape would cost ``k`` slo
 rank (``n`` times the index bytes) or an allreduce of the leader's indices (twice them), so
 it keeps exact sizes too.
 
+Where host reads wait for a device, MiCRO decides its selection there and writes the
+block's count and report on the device too; a rank whose choice needs the host's rule after
+all reports :data:`RESELECT`, and after the gather that rank selects again and every rank
+gathers once more (the same shape and name).
+
 Bytes are accounted with the ring model of :mod:`horovod_micro.stats`.
 """
 
@@ -259,6 +264,11 @@ class SelectedCounts(Gathered):
         return list(self.selected)
 
 
+#: The report of a rank whose selection, decided on the device with no host read, needs
+#: the host's rule after all (:mod:`horovod_micro.compressors.micro.device_choice`): every
+#: rank sees it in the gathered headers, that rank selects again, and every rank gathers
+#: again (:meth:`~horovod_micro.compressors.base.Compressor.exchange`).
+RESELECT = -(1 << 30)
 #: Integers ahead of the index slots in a fixed-capacity block:
 #: ``status, count (slots in use), report, selected (the count before the capacity cut)``.
 FIXED_HEADER = 4
@@ -277,21 +287,33 @@ class SlotsGathered(SelectedCounts):
 
 
 def gather_slots(comm: Comm, indices: torch.Tensor, capacity: int, status: int | torch.Tensor,
-                 traffic: Traffic, report: int = 0, selected: int | None = None,
-                 role: str = "indices") -> SlotsGathered:
+                 traffic: Traffic, report: int | torch.Tensor = 0,
+                 selected: int | torch.Tensor | None = None,
+                 count: torch.Tensor | None = None, role: str = "indices") -> SlotsGathered:
     """Allgather every rank's ``indices`` (at most ``capacity``) in a block of one fixed
     shape, ``[status, count, report, selected, i_1 ... i_count, 0 ...]``: the unused slots
     hold index 0 and are marked unused by ``count``. The shape and the name are the same
     every step, so Horovod's response cache recognises the collective and skips its
     negotiation, and NCCL can run it as one allgather. One host read per step: the
-    headers, in a single ``tolist()``."""
-    count = indices.numel()
-    if count > capacity:
-        raise ValueError(f"{count} indices do not fit a capacity of {capacity}")
-    block = torch.zeros(FIXED_HEADER + capacity, dtype=indices.dtype, device=indices.device)
-    block[:FIXED_HEADER] = _header([count, report, count if selected is None else selected],
-                                   status, indices)
-    block[FIXED_HEADER:FIXED_HEADER + count] = indices
+    headers, in a single ``tolist()``.
+
+    ``count`` given (a 0-dim device tensor): ``indices`` already fill all ``capacity``
+    slots, the first ``count`` in use, and ``report`` and ``selected`` may be device
+    tensors too: the block is assembled on the device, with no read."""
+    if count is None:
+        count = indices.numel()
+        if count > capacity:
+            raise ValueError(f"{count} indices do not fit a capacity of {capacity}")
+        block = torch.zeros(FIXED_HEADER + capacity, dtype=indices.dtype,
+                            device=indices.device)
+        block[:FIXED_HEADER] = _header(
+            [count, report, count if selected is None else selected], status, indices)
+        block[FIXED_HEADER:FIXED_HEADER + count] = indices
+    else:
+        header = _header([0, 0, 0], status, indices)
+        for word, value in enumerate((count, report, count if selected is None else selected)):
+            header[word + 1] = value
+        block = torch.cat([header, indices])
     start = time.perf_counter()
     gathered = comm.allgather(block, role).view(comm.size, FIXED_HEADER + capacity)
     traffic.timed(role, start)

@@ -78,26 +78,45 @@ def test_newton_controller_equals_simulation():
         controller.update(traces[0][t]["global_count"], sim[t]["above_probe"])
 
 
-@pytest.mark.parametrize("np_,backend,skew", [(2, "gloo", 0.0), (2, "mpi", 3.0),
-                                              (3, "gloo", 3.0)])
-def test_exchange_equals_simulation(np_, backend, skew):
-    """The default: index slots of one fixed size per rank, ceil(1.2 k / n)."""
+#: What a GPU runs, on the CPU: the choice made on the device (no host read), with the
+#: host rule where it cannot decide (its report RESELECT, and a second index gather).
+TORCH_PATH = {"HOROVOD_MICRO_SELECT": "torch"}
+
+
+def _regathers(trace: list[dict], block: int, single: int) -> int:
+    """Steps of ``trace`` whose index gather ran twice (a rank reselected by the host
+    rule); each step's bytes are the single gather's or one ``block`` gather more."""
+    extra = [step["bytes_sent"] - single for step in trace]
+    assert set(extra) <= {0, block}, extra
+    assert [step["bytes_received"] - single for step in trace] == extra
+    return extra.count(block)
+
+
+@pytest.mark.parametrize("np_,backend,skew,path", [(2, "gloo", 0.0, "native"),
+                                                   (2, "mpi", 3.0, "native"),
+                                                   (3, "gloo", 3.0, "native"),
+                                                   (3, "mpi", 3.0, "torch")])
+def test_exchange_equals_simulation(np_, backend, skew, path):
+    """The default: index slots of one fixed size per rank, ceil(1.2 k / n). On the torch
+    path (a GPU's) the choice is made on the device, downward passes included (the first
+    steps' base threshold is far too high), with no second gather."""
     numel, iterations, seed = 1003, 7, 11
     results = run_ranks("ranks_micro:exchange_trace", np=np_, backend=backend,
+                        env=TORCH_PATH if path == "torch" else None,
                         kwargs={"numel": numel, "iterations": iterations, "density": 0.02,
                                 "seed": seed, "skew": skew})
     slots = math.ceil(1.2 * int(0.02 * numel) / np_)
     traces = _check_against_simulation(results, np_, numel, iterations, seed, skew,
                                        capacity=slots)
-    # Ring-model bytes, the same every step: int32 blocks of a 4-int header and the slots,
-    # and float32 values in every rank's slots.
+    # Ring-model bytes: int32 blocks of a 4-int header and the slots, and float32 values
+    # in every rank's slots; the same every step but where the index gather ran twice.
     block = 4 * (4 + slots)
     allreduce = 2 * (np_ - 1) * 4 * np_ * slots // np_
+    regathers = {_regathers(trace, (np_ - 1) * block, (np_ - 1) * block + allreduce)
+                 for trace in traces}
+    assert regathers == {0}
     for trace in traces:
-        for t in range(iterations):
-            assert trace[t]["slots"] == slots
-            assert trace[t]["bytes_received"] == (np_ - 1) * block + allreduce
-            assert trace[t]["bytes_sent"] == (np_ - 1) * block + allreduce
+        assert all(step["slots"] == slots for step in trace)
 
 
 @pytest.mark.parametrize("np_,backend", [(2, "gloo"), (3, "mpi")])
@@ -119,14 +138,18 @@ def test_exact_sizes_equal_simulation(np_, backend):
             assert trace[t]["bytes_sent"] == sum(blocks) - blocks[(r + 1) % np_] + allreduce
 
 
-@pytest.mark.parametrize("np_,backend,judge", [(2, "gloo", "drift"), (3, "mpi", "drift"),
-                                               (2, "mpi", "magnitude")])
-def test_overflow_keeps_the_highest_scores(np_, backend, judge):
+@pytest.mark.parametrize("np_,backend,judge,path", [(2, "gloo", "drift", "native"),
+                                                    (3, "mpi", "drift", "native"),
+                                                    (2, "mpi", "magnitude", "native"),
+                                                    (2, "gloo", "drift", "torch")])
+def test_overflow_keeps_the_highest_scores(np_, backend, judge, path):
     """The overflow rule: with fewer slots than the controller's target (4 against about
     20 / n), every step overflows; the slots' worth of the highest scores travel, the rest
-    stays in the residual, and the controller still learns from what it picked."""
+    stays in the residual, and the controller still learns from what it picked. On the
+    torch path the device leaves every such step to the host rule (a second gather)."""
     numel, iterations, seed, skew, slots = 1003, 7, 11, 3.0, 4
     results = run_ranks("ranks_micro:exchange_trace", np=np_, backend=backend,
+                        env=TORCH_PATH if path == "torch" else None,
                         kwargs={"numel": numel, "iterations": iterations, "density": 0.02,
                                 "seed": seed, "skew": skew, "capacity": slots,
                                 "judge": judge})
@@ -135,10 +158,14 @@ def test_overflow_keeps_the_highest_scores(np_, backend, judge):
     for trace in traces:
         assert all(t["global_count"] == np_ * slots for t in trace)
         assert all(sum(t["rank_counts"]) > np_ * slots for t in trace)
+        block, allreduce = (np_ - 1) * 4 * (4 + slots), 2 * (np_ - 1) * 4 * slots
+        assert _regathers(trace, block, block + allreduce) == (
+            iterations if path == "torch" else 0)
 
 
-@pytest.mark.parametrize("np_,backend", [(2, "gloo"), (3, "mpi")])
-def test_a_cliff_is_cut_at_the_target(np_, backend):
+@pytest.mark.parametrize("np_,backend,path", [(2, "gloo", "native"), (3, "mpi", "native"),
+                                              (2, "mpi", "torch")])
+def test_a_cliff_is_cut_at_the_target(np_, backend, path):
     """A tenth of the entries within 0.01 % of each other (a cliff in the count, as error
     feedback makes on ResNet-18 at d = 0.001): where no ladder step comes within 10 % of a
     part's target, the owner cuts at the round(target)-th largest |a|, as the rule says.
@@ -146,6 +173,7 @@ def test_a_cliff_is_cut_at_the_target(np_, backend):
     judge spreads it by the coordinates' ages)."""
     numel, iterations, seed = 1003, 8, 3
     results = run_ranks("ranks_micro:exchange_trace", np=np_, backend=backend,
+                        env=TORCH_PATH if path == "torch" else None,
                         kwargs={"numel": numel, "iterations": iterations, "density": 0.02,
                                 "seed": seed, "plateau": 0.1, "judge": "magnitude"})
     rule = BoundedRule(0.02, numel, np_)

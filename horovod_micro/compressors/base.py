@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import horovod.torch as hvd
 import torch
 
-from ..exchange import Comm, Gathered, Traffic, gather_indices, gather_slots
+from ..exchange import RESELECT, Comm, Gathered, Traffic, gather_indices, gather_slots
 from ..selection import index_bytes
 from ..stats import ring_allgather_bytes
 
@@ -52,12 +53,20 @@ class Selection:
             drew (every rank must have drawn the same).
         selected: how many coordinates the threshold picked before a capacity cut kept
             ``indices`` (None: no cut, ``len(indices)``).
+        count: for a choice made on the device with no host read (fixed slots only):
+            how many of ``indices``, which fill every slot, are in use, a 0-dim device
+            tensor (``report`` and ``selected`` then are too). None: all of them.
+        reselect: with ``count``, the host rule's selection, which this rank makes
+            instead when its report was ``RESELECT``
+            (:mod:`~horovod_micro.compressors.micro.device_choice`).
     """
 
     indices: torch.Tensor
     announced: bool = True
-    report: int = 0
-    selected: int | None = None
+    report: int | torch.Tensor = 0
+    selected: int | torch.Tensor | None = None
+    count: torch.Tensor | None = None
+    reselect: Callable[[], Selection] | None = None
 
 
 @dataclass(frozen=True)
@@ -144,6 +153,9 @@ class Compressor:
         self.fp16_values = fp16_values
         self.momentum_masking = momentum_masking
         self.numel = 0
+        # Steps whose index gather ran twice: some rank's device-side choice needed the
+        # host rule (Selection.reselect). A statistic, the same on every rank.
+        self.regathers = 0
         self.comm: Comm | None = None
 
     # ----- configuration -------------------------------------------------------------
@@ -227,14 +239,27 @@ class Compressor:
         with ``status`` (in :attr:`slots` of one fixed shape where the method sets them,
         :func:`~horovod_micro.exchange.gather_slots`), the collective error check, then
         :meth:`combine`."""
-        sent = selection.indices if selection.announced else selection.indices[:0]
         if self.slots is None:
+            sent = selection.indices if selection.announced else selection.indices[:0]
             gathered = gather_indices(self.comm, sent, status, traffic, report=selection.report)
         else:
-            gathered = gather_slots(self.comm, sent, self.slots, status, traffic,
-                                    report=selection.report, selected=selection.selected)
+            gathered = self._gather_slots(selection, status, traffic)
+            if RESELECT in gathered.reports:
+                # A rank's device-side choice needs the host rule: that rank selects again
+                # and every rank gathers again (the same shape and name: no negotiation).
+                if gathered.reports[self.comm.rank] == RESELECT:
+                    selection = selection.reselect()
+                gathered = self._gather_slots(selection, status, traffic)
+                self.regathers += 1
         gathered.raise_errors()
         return self.combine(acc, selection, gathered, iteration, reduction, traffic)
+
+    def _gather_slots(self, selection: Selection, status: int | torch.Tensor,
+                      traffic: Traffic) -> Gathered:
+        sent = selection.indices if selection.announced else selection.indices[:0]
+        return gather_slots(self.comm, sent, self.slots, status, traffic,
+                            report=selection.report, selected=selection.selected,
+                            count=selection.count)
 
     def combine(self, acc: torch.Tensor, selection: Selection, gathered: Gathered,
                 iteration: int, reduction: ReduceOp, traffic: Traffic) -> Aggregate:

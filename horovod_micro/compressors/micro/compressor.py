@@ -43,6 +43,7 @@ from ..base import Aggregate, Compressor, ReduceOp, Selection
 from ..registry import register
 from .controller import ThresholdController
 from .density_controller import DensityController, PaperController
+from .device_choice import device_choice
 from .drift import DriftAges, DriftSelector
 from .part_controller import PartController
 from .partition import owned_part, part_bounds
@@ -67,6 +68,18 @@ def rms(sq_norm: float | torch.Tensor, numel: int, previous: float | torch.Tenso
         scale = torch.sqrt(sq_norm.double() / numel)
         return torch.where(torch.isfinite(scale), scale, previous)
     return math.sqrt(sq_norm / numel) if math.isfinite(sq_norm) else previous
+
+
+def cut_to_slots(acc: torch.Tensor, indices: torch.Tensor, slots: int,
+                 ages: DriftAges | None, now: int) -> torch.Tensor:
+    """The overflow rule: of the selected ``indices``, the ``slots`` with the highest
+    scores (``|a|``, or the drift score), in ascending order; the rest stays in the
+    residual. O(selected), only on a step that overflows."""
+    values = acc.index_select(0, indices.long())
+    if ages is not None:
+        values = ages.scores(values, indices.long(), now)
+    keep = torch.topk(values.abs(), slots, sorted=False).indices
+    return indices.index_select(0, keep.sort().values)
 
 
 @register
@@ -197,10 +210,7 @@ class MicroCompressor(Compressor):
         self.bounds = part_bounds(self.numel, size)
         selector = DriftSelector if self.judge == "drift" else ThresholdSelector
         self._selector = selector(capacity=4 * self.target_count // size + 64)
-        self.slots = self._slots(size)
-
-    def _slots(self, size: int) -> int | None:
-        return self._slots_for(size, self.target_count, max(self._part_sizes()))
+        self.slots = self._slots_for(size, self.target_count, max(self._part_sizes()))
 
     def _slots_for(self, size: int, k: int, largest: int) -> int | None:
         """Index slots per rank for ``size`` ranks (see ``capacity``), at most a part of
@@ -254,6 +264,20 @@ class MicroCompressor(Compressor):
             now = iteration + 1
             last = self.ages.at(acc.device, now)
             self._selector.bind(acc[start:end], last[start:end], now, self.ages.wait(now))
+        self._iteration = iteration
+        choice = device_choice(self.controller, acc, start, end, part, self._selector,
+                               self._scale, self.slots)
+        if choice is None:
+            return self._select_on_host(acc, start, end, part, iteration)
+        self._threshold = choice.threshold
+        return Selection(choice.slots, report=choice.report, selected=choice.count,
+                         count=choice.count, reselect=lambda: self._select_on_host(
+                             acc, start, end, part, iteration))
+
+    def _select_on_host(self, acc: torch.Tensor, start: int, end: int, part: int,
+                        iteration: int) -> Selection:
+        """The controller's rule with the reads it needs (on a GPU, where
+        :func:`~.device_choice.device_choice` leaves it)."""
         if self.density >= 1.0 and not isinstance(self.controller, PartController):
             # Density 1 with a shared threshold: the whole part goes, as a dense exchange
             # would send it (the per-part controllers do the same themselves).
@@ -262,21 +286,10 @@ class MicroCompressor(Compressor):
         else:
             indices, self._threshold, report = self.controller.select(
                 acc, start, end, part, self._selector, self._scale)
-        self._iteration = iteration
         selected = indices.numel()
         if self.slots is not None and selected > self.slots:
-            indices = self._cut(acc, indices, iteration + 1)
+            indices = cut_to_slots(acc, indices, self.slots, self.ages, iteration + 1)
         return Selection(indices, report=report, selected=selected)
-
-    def _cut(self, acc: torch.Tensor, indices: torch.Tensor, now: int) -> torch.Tensor:
-        """The overflow rule: of the selected ``indices``, the ``slots`` with the highest
-        scores (``|a|``, or the drift score), in ascending order; the rest stays in the
-        residual. O(selected), only on a step that overflows."""
-        values = acc.index_select(0, indices.long())
-        if self.ages is not None:
-            values = self.ages.scores(values, indices.long(), now)
-        keep = torch.topk(values.abs(), self.slots, sorted=False).indices
-        return indices.index_select(0, keep.sort().values)
 
     def combine(self, acc, selection, gathered, iteration, reduction: ReduceOp,
                 traffic: Traffic) -> Aggregate:

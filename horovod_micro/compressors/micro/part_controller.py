@@ -192,7 +192,9 @@ class PartController:
 
         ``scale`` may be a device scalar (the reducer's, where host reads wait for a
         device): the thresholds then stay on the device too, each ladder level the same
-        float64 product as on the host, and the host reads only counts."""
+        float64 product as on the host, and the host reads only counts. With fixed
+        slots on such a device, :mod:`.device_choice` takes the same decisions with no
+        read, and this runs only where it cannot decide."""
         segment, numel = acc[start:end], acc.numel()
         if self.density >= 1.0:
             # Density 1: the target is the whole part, and everything goes, as a dense

@@ -1,0 +1,138 @@
+"""The bounded controller's choice made on the device (what a GPU runs, with no host read)
+against the rule's plain statement (simulation.BoundedRule), case by case: where the
+device decides (a count in the band, upward, a cliff), it decides as the rule does; where
+only the host can (a count below the band, a crossing beyond the window, more than the
+slots), it says RESELECT."""
+
+import math
+
+import pytest
+import torch
+from simulation import BoundedRule
+
+from horovod_micro.compressors.micro.compressor import rms
+from horovod_micro.compressors.micro.device_choice import LEVELS, choose_in_slots
+from horovod_micro.compressors.micro.drift import drift_scores
+from horovod_micro.compressors.micro.part_controller import PartController
+from horovod_micro.exchange import RESELECT
+from horovod_micro.selection import ThresholdSelector
+
+NUMEL, DENSITY, OFFSET = 4000, 0.02, 7
+
+
+def _segment(case: str, seed: int) -> torch.Tensor:
+    x = torch.randn(NUMEL, generator=torch.Generator().manual_seed(seed))
+    if case == "cliff":  # a tenth of the entries within 0.01 % of each other
+        x[::10] = 2.5 * (1 + 1e-4 * torch.rand(NUMEL // 10, generator=torch.Generator()
+                                              .manual_seed(seed)))
+    return x
+
+
+def _both(x: torch.Tensor, shift: float, slots: int, capacity: int, monkeypatch):
+    """(the rule's threshold, step and selection; the device's choice) for a multiplier
+    ``shift`` ladder steps off the start, on one part of ``NUMEL`` entries."""
+    monkeypatch.setenv("HOROVOD_MICRO_SELECT", "torch")
+    rule = BoundedRule(DENSITY, NUMEL, 1)
+    rule.log_m[0] += shift * math.log(rule.q)
+    threshold = rule.threshold(0, 0, x, [(0, NUMEL)])
+    want = torch.nonzero(x.abs() >= threshold).view(-1)
+
+    controller = PartController(math.floor(DENSITY * NUMEL), [NUMEL], DENSITY)
+    controller.log_multipliers = list(rule.log_m)
+    scale = rms(torch.dot(x, x), NUMEL, 1.0)
+    th0 = controller.base_threshold(0, scale)
+    target = controller.part_target(0)
+    selector = ThresholdSelector()
+    padded = torch.cat([torch.zeros(OFFSET), x])  # the part starts at OFFSET
+    choice = choose_in_slots(selector.scores(padded[OFFSET:]).abs(), th0, capacity,
+                             controller, target, slots, OFFSET, NUMEL + OFFSET)
+    return threshold, rule.reports[-1], want, target, choice
+
+
+def _branch(x: torch.Tensor, shift: float, want: int, slots: int, capacity: int) -> str:
+    """Which of the rule's cases ``x`` meets, from the rule's definition (the count at the
+    base threshold against the target) and what the device can hold: a crossing within
+    LEVELS steps up, a selection within the slots, and at a cliff the scores at or above
+    the highest step that still counts round(target) within the buffer."""
+    rule = BoundedRule(DENSITY, NUMEL, 1)
+    base = math.exp(rule.log_m[0] + shift * math.log(rule.q)) * math.sqrt(
+        float(x.double().pow(2).sum()) / NUMEL)
+    target = rule.target(NUMEL)
+
+    def count(j: int) -> int:
+        return int((x.abs() >= base * rule.q ** j).sum())
+
+    c0 = count(0)
+    if c0 >= target and count(LEVELS) > target:
+        return "beyond"
+    if want > slots:
+        return "overflow"
+    cut = BoundedRule(DENSITY, NUMEL, 1)
+    cut.log_m[0] += shift * math.log(rule.q)
+    cut.threshold(0, 0, x, [(0, NUMEL)])
+    m = max(round(target), 1)
+    if cut.exact_cuts and count(max(j for j in range(-LEVELS, LEVELS + 1)
+                                    if count(j) >= m)) > max(capacity, slots):
+        return "buffer"
+    return "upward" if c0 >= target else ("band" if c0 >= target / 1.1 else "below")
+
+
+WIDE = 10_000  # slots enough for any selection here
+BUFFER = 4 * math.floor(DENSITY * NUMEL) + 64  # the selection's buffer, as MiCRO sizes it
+
+CASES = [("gauss", 1, 1.0, WIDE, BUFFER, "band"), ("gauss", 3, 2.0, WIDE, BUFFER, "band"),
+         ("gauss", 1, 0.0, WIDE, BUFFER, "upward"), ("gauss", 2, 0.0, WIDE, BUFFER, "upward"),
+         ("gauss", 2, -20.0, WIDE, BUFFER, "upward"),
+         ("cliff", 1, -20.0, WIDE, BUFFER, "upward"),
+         ("cliff", 2, -20.0, WIDE, BUFFER, "upward"), ("gauss", 1, 6.0, WIDE, BUFFER, "below"),
+         ("gauss", 2, 12.0, WIDE, BUFFER, "below"), ("gauss", 2, 80.0, WIDE, BUFFER, "below"),
+         ("cliff", 1, 0.0, WIDE, BUFFER, "below"), ("cliff", 2, 6.0, WIDE, BUFFER, "below"),
+         ("cliff", 1, -20.0, 100, 100, "buffer"),
+         ("gauss", 1, -140.0, WIDE, WIDE, "beyond"), ("gauss", 2, -200.0, WIDE, WIDE, "beyond"),
+         ("gauss", 1, -20.0, 50, BUFFER, "overflow")]
+
+
+@pytest.mark.parametrize("case,seed,shift,slots,capacity,branch", CASES)
+def test_the_device_decides_as_the_rule_or_leaves_it_to_the_host(case, seed, shift, slots,
+                                                                 capacity, branch,
+                                                                 monkeypatch):
+    x = _segment(case, seed)
+    threshold, step, want, _, choice = _both(x, shift, slots, capacity, monkeypatch)
+    assert _branch(x, shift, want.numel(), slots, capacity) == branch  # as it says
+    if branch in ("beyond", "overflow", "buffer"):
+        assert int(choice.report) == RESELECT
+        return
+    count = int(choice.count)
+    assert int(choice.report) == step
+    assert float(choice.threshold) == pytest.approx(threshold, rel=1e-6)
+    assert count == want.numel()
+    assert choice.slots[:count].tolist() == (want + OFFSET).tolist()
+    assert not choice.slots[count:].any()  # unused slots hold 0
+
+
+def test_a_cliff_is_cut_on_the_device():
+    """The cliff cases above are cut by the rule (its exact cut, the round(target)-th
+    largest), so the device's kthvalue is what matched."""
+    for seed in (1, 2):
+        rule = BoundedRule(DENSITY, NUMEL, 1)
+        rule.log_m[0] -= 20.0 * math.log(rule.q)
+        rule.threshold(0, 0, _segment("cliff", seed), [(0, NUMEL)])
+        assert rule.exact_cuts == 1
+
+
+@pytest.mark.parametrize("judge", ["magnitude", "drift"])
+def test_the_choice_traces_as_one_graph(judge):
+    """The drift score and the whole device-side choice are one graph for torch._dynamo:
+    no host read and no shape that depends on the data (what a CUDA graph can capture)."""
+    x = _segment("gauss", 1)
+    controller = PartController(80, [NUMEL], DENSITY)
+    last = torch.randint(-200, 0, (NUMEL,), dtype=torch.int16)
+
+    def choose(segment, th0):
+        scores = drift_scores(segment, last, 1, 50.0) if judge == "drift" else segment
+        choice = choose_in_slots(scores.abs(), th0, BUFFER, controller, 80.0, 96, 0, NUMEL)
+        return choice.slots, choice.count, choice.report, choice.threshold
+
+    explained = torch._dynamo.explain(choose)(x, torch.tensor(2.3, dtype=torch.float64))
+    assert explained.graph_break_count == 0, [b.reason for b in explained.break_reasons]
+    assert explained.graph_count == 1
