@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import horovod.torch as hvd
 import torch
@@ -174,11 +175,13 @@ def negotiations(steps, capacity=None, density=0.01, method="micro", options=Non
         os.close(saved)
     text = open(log.name).read()
     os.unlink(log.name)
+    # Horovod's background thread writes to the same fd while the steps run, so a marker
+    # may land inside one of its lines: both are found wherever they are, in file order.
     per_step, current = [], 0
-    for line in text.splitlines():
-        if "messages to coordinator" in line:
-            current += 1
-        elif line.startswith("=== step"):
+    for found in re.finditer(r"messages to coordinator|=== step \d+ done", text):
+        if found.group().startswith("==="):
             per_step.append(current)
             current = 0
+        else:
+            current += 1
     return {"per_step": per_step, "slots": getattr(opt._reducer.compressor, "slots", None)}
