@@ -300,20 +300,22 @@ def gather_slots(comm: Comm, indices: torch.Tensor, capacity: int, status: int |
     ``count`` given (a 0-dim device tensor): ``indices`` already fill all ``capacity``
     slots, the first ``count`` in use, and ``report`` and ``selected`` may be device
     tensors too: the block is assembled on the device, with no read."""
-    if count is None:
+    on_device = count is not None
+    if not on_device:
         count = indices.numel()
         if count > capacity:
             raise ValueError(f"{count} indices do not fit a capacity of {capacity}")
+    words = (count, report, count if selected is None else selected)
+    if on_device:
+        header = _header([0, 0, 0], status, indices)
+        for word, value in enumerate(words, start=1):
+            header[word] = value
+        block = torch.cat([header, indices])
+    else:
         block = torch.zeros(FIXED_HEADER + capacity, dtype=indices.dtype,
                             device=indices.device)
-        block[:FIXED_HEADER] = _header(
-            [count, report, count if selected is None else selected], status, indices)
+        block[:FIXED_HEADER] = _header(list(words), status, indices)
         block[FIXED_HEADER:FIXED_HEADER + count] = indices
-    else:
-        header = _header([0, 0, 0], status, indices)
-        for word, value in enumerate((count, report, count if selected is None else selected)):
-            header[word + 1] = value
-        block = torch.cat([header, indices])
     start = time.perf_counter()
     gathered = comm.allgather(block, role).view(comm.size, FIXED_HEADER + capacity)
     traffic.timed(role, start)

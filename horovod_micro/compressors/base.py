@@ -68,6 +68,11 @@ class Selection:
     count: torch.Tensor | None = None
     reselect: Callable[[], Selection] | None = None
 
+    @property
+    def sent(self) -> torch.Tensor:
+        """What travels in the index gather: ``indices``, or none if not announced."""
+        return self.indices if self.announced else self.indices[:0]
+
 
 @dataclass(frozen=True)
 class ReduceOp:
@@ -240,8 +245,8 @@ class Compressor:
         :func:`~horovod_micro.exchange.gather_slots`), the collective error check, then
         :meth:`combine`."""
         if self.slots is None:
-            sent = selection.indices if selection.announced else selection.indices[:0]
-            gathered = gather_indices(self.comm, sent, status, traffic, report=selection.report)
+            gathered = gather_indices(self.comm, selection.sent, status, traffic,
+                                      report=selection.report)
         else:
             gathered = self._gather_slots(selection, status, traffic)
             if RESELECT in gathered.reports:
@@ -256,8 +261,7 @@ class Compressor:
 
     def _gather_slots(self, selection: Selection, status: int | torch.Tensor,
                       traffic: Traffic) -> Gathered:
-        sent = selection.indices if selection.announced else selection.indices[:0]
-        return gather_slots(self.comm, sent, self.slots, status, traffic,
+        return gather_slots(self.comm, selection.sent, self.slots, status, traffic,
                             report=selection.report, selected=selection.selected,
                             count=selection.count)
 
