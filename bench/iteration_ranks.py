@@ -18,12 +18,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from horovod_micro.testing.launch import horovodrun_cmd
+from horovod_micro.testing.launch import horovodrun_cmd, run_bounded
 
 REPO = Path(__file__).resolve().parent.parent
 VARIANTS = {"dense": ["--compressor", "none"], "micro": ["--compressor", "micro"],
@@ -32,12 +31,15 @@ FIELDS = ("total", "communication", "selection", "sync_other")
 SKIP = 10  # first iterations left out (negotiation, allocation, the first exchange's checks)
 
 
-def one_run(ranks: int, iters: int, extra: list[str], out: Path) -> dict:
+def one_run(ranks: int, iters: int, extra: list[str], out: Path,
+            env: dict[str, str] | None = None) -> dict:
     argv = [sys.executable, "-m", "horovod_micro_train",
             "--dataset", "fashion-mnist", "--epochs", "1",
             "--max-iters-per-epoch", str(iters), "--out", str(out)] + extra
-    subprocess.run(horovodrun_cmd(ranks, "gloo", argv), cwd=REPO, check=True,
-                   capture_output=True)
+    # One thread per rank, as ``make run`` launches the job (run_bounded sets
+    # OMP_NUM_THREADS=1): torch's default of one thread per core puts 2n threads on the
+    # cores, and the ranks then time each other's spinning, not the step.
+    run_bounded(horovodrun_cmd(ranks, "gloo", argv), timeout=1800, cwd=REPO, env=env)
     rows = [json.loads(line) for line in (out / "iterations.jsonl").read_text().splitlines()]
     kept = rows[SKIP:]
     result = {f: statistics.median(r[f] for r in kept) for f in FIELDS}
@@ -51,13 +53,18 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--iters", type=int, default=60)
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    ap.add_argument("--cycle-time-ms", type=float, default=None,
+                    help="HOROVOD_CYCLE_TIME for the ranks (Horovod 0.28.1 default: 1 ms)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     runs: dict[str, list[dict]] = {v: [] for v in args.variants}
+    env = (None if args.cycle_time_ms is None
+           else {"HOROVOD_CYCLE_TIME": f"{args.cycle_time_ms:g}"})
     with tempfile.TemporaryDirectory(prefix="hvm-iteration-") as tmp:
         for r in range(args.rounds):
             for name in args.variants:
-                row = one_run(args.ranks, args.iters, VARIANTS[name], Path(tmp) / f"{name}-{r}")
+                row = one_run(args.ranks, args.iters, VARIANTS[name], Path(tmp) / f"{name}-{r}",
+                              env)
                 runs[name].append(row)
                 print(f"round {r} {name}: " + ", ".join(
                     f"{f} {row[f] * 1e3:.1f} ms" for f in FIELDS)
