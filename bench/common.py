@@ -58,11 +58,11 @@ def real_gradient(seed: int = 0, batch: int = 32) -> tuple[torch.Tensor, str]:
 
 
 def random_batches(model: str, batch: int, count: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """``count`` batches of random inputs with random labels for ``model`` (``wide_mlp``:
+    """``count`` batches of random inputs with random labels for ``model`` (the MLPs:
     784 features; otherwise 3x32x32), to cycle through one per iteration. With one fixed
     batch the wide MLP memorises it within tens of steps, its gradient collapses, and the
     density controller chases a vanishing scale (counts of 0, then 40x k)."""
-    shape = (784,) if model == "wide_mlp" else (3, 32, 32)
+    shape = (784,) if model in ("wide_mlp", "fmnist_mlp") else (3, 32, 32)
     return [(torch.randn(batch, *shape), torch.randint(0, 10, (batch,)))
             for _ in range(count)]
 

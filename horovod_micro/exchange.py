@@ -286,6 +286,17 @@ class SlotsGathered(SelectedCounts):
     valid: torch.Tensor | None = None
 
 
+def slots_block(indices: torch.Tensor, status: int | torch.Tensor, count: torch.Tensor,
+                report: int | torch.Tensor, selected: torch.Tensor) -> torch.Tensor:
+    """The fixed-capacity block ``[status, count, report, selected, *indices]`` assembled on
+    the indices' device from device words (0-dim tensors; ``status`` and ``report`` may be
+    host integers), with no host read: tensor ops only, one graph for ``torch._dynamo``."""
+    header = _header([0, 0, 0], status, indices)
+    for word, value in enumerate((count, report, selected), start=1):
+        header[word] = value
+    return torch.cat([header, indices])
+
+
 def gather_slots(comm: Comm, indices: torch.Tensor, capacity: int, status: int | torch.Tensor,
                  traffic: Traffic, report: int | torch.Tensor = 0,
                  selected: int | torch.Tensor | None = None,
@@ -307,10 +318,7 @@ def gather_slots(comm: Comm, indices: torch.Tensor, capacity: int, status: int |
             raise ValueError(f"{count} indices do not fit a capacity of {capacity}")
     words = (count, report, count if selected is None else selected)
     if on_device:
-        header = _header([0, 0, 0], status, indices)
-        for word, value in enumerate(words, start=1):
-            header[word] = value
-        block = torch.cat([header, indices])
+        block = slots_block(indices, status, *words)
     else:
         block = torch.zeros(FIXED_HEADER + capacity, dtype=indices.dtype,
                             device=indices.device)

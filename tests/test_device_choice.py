@@ -136,3 +136,45 @@ def test_the_choice_traces_as_one_graph(judge):
     explained = torch._dynamo.explain(choose)(x, torch.tensor(2.3, dtype=torch.float64))
     assert explained.graph_break_count == 0, [b.reason for b in explained.break_reasons]
     assert explained.graph_count == 1
+
+
+def test_the_step_between_backward_and_the_gathers_traces_as_one_graph():
+    """What a MiCRO step runs on the device before the index gather (the reducer's check:
+    the squared norm and the status word; the scale and the base threshold; the choice;
+    the block with its header) is one graph for torch._dynamo, and so is the value
+    allreduce's input between the two gathers: no host read and no shape that depends on
+    the data, in the order the reducer calls them."""
+    from horovod_micro.compressors.micro.compressor import values_in_slots
+    from horovod_micro.exchange import slots_block
+    from horovod_micro.reducer import status_word
+    from horovod_micro.status import OK
+
+    acc = torch.cat([torch.zeros(OFFSET), _segment("gauss", 3)])
+    controller = PartController(80, [NUMEL], DENSITY)
+    slots = 96
+
+    def before_gather(acc, previous_scale):
+        sq_norm = torch.dot(acc, acc)
+        word = status_word(acc, OK, sq_norm, 5, 1e30)
+        th0 = controller.base_threshold(0, rms(sq_norm, acc.numel(), previous_scale))
+        choice = choose_in_slots(acc[OFFSET:].abs(), torch.where(th0 > 0.0, th0, math.inf),
+                                 BUFFER, controller, controller.part_target(0), slots,
+                                 OFFSET, acc.numel())
+        return slots_block(choice.slots, word, choice.count, choice.report, choice.count)
+
+    explained = torch._dynamo.explain(before_gather)(acc, torch.tensor(1.0,
+                                                                       dtype=torch.float64))
+    assert explained.graph_break_count == 0, [b.reason for b in explained.break_reasons]
+    assert explained.graph_count == 1
+    block = before_gather(acc, torch.tensor(1.0, dtype=torch.float64))
+    assert block.shape == (4 + slots,)  # the block of one fixed shape, every step
+
+    gathered = torch.stack([block[4:], block[4:].flip(0)])  # two ranks' slots
+    valid = torch.arange(slots) < torch.tensor([[int(block[1])], [3]])
+    explained = torch._dynamo.explain(values_in_slots)(
+        acc, gathered, valid, lambda v: v.to(torch.float16))
+    assert explained.graph_break_count == 0, [b.reason for b in explained.break_reasons]
+    assert explained.graph_count == 1
+    values = values_in_slots(acc, gathered, valid, lambda v: v)
+    expected = torch.where(valid, acc[gathered.long()], 0).view(-1)
+    assert torch.equal(values, expected)

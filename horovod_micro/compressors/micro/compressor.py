@@ -33,6 +33,7 @@ Per iteration ``t`` on rank ``r`` of ``n``:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 
@@ -68,6 +69,16 @@ def rms(sq_norm: float | torch.Tensor, numel: int, previous: float | torch.Tenso
         scale = torch.sqrt(sq_norm.double() / numel)
         return torch.where(torch.isfinite(scale), scale, previous)
     return math.sqrt(sq_norm / numel) if math.isfinite(sq_norm) else previous
+
+
+def values_in_slots(acc: torch.Tensor, slots: torch.Tensor, valid: torch.Tensor,
+                    wire: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """This rank's share of the value allreduce: ``acc`` at every rank's gathered
+    ``slots`` (``(n, capacity)``), as they travel (``wire``), flat; 0 in the slots not
+    ``valid`` (masked, not multiplied: a NaN at index 0 must not leak into them). Tensor
+    ops of fixed shapes only: one graph for ``torch._dynamo``."""
+    values = wire(acc.index_select(0, slots.reshape(-1)).view(slots.shape))
+    return values.masked_fill_(~valid, 0).view(-1)
 
 
 def cut_to_slots(acc: torch.Tensor, indices: torch.Tensor, slots: int,
@@ -296,14 +307,11 @@ class MicroCompressor(Compressor):
         # Parts are disjoint: concatenation is already the union, without duplicates.
         union = torch.cat(gathered.per_rank)
         if isinstance(gathered, SlotsGathered):
-            # Every rank's slots, used or not: a value allreduce of one shape, n x slots,
-            # with the unused slots' values 0 (masked, not multiplied: a NaN at index 0
-            # must not leak into them).
+            # Every rank's slots, used or not: a value allreduce of one shape, n x slots.
             slots = gathered.slots
-            values = self.wire(acc.index_select(0, slots.reshape(-1)).view(slots.shape))
-            values.masked_fill_(~gathered.valid, 0)
-            values = allreduce_values(self.comm, values.view(-1), traffic, reduction.op,
-                                      reduction.prescale, reduction.postscale)
+            values = allreduce_values(
+                self.comm, values_in_slots(acc, slots, gathered.valid, self.wire), traffic,
+                reduction.op, reduction.prescale, reduction.postscale)
             values = torch.cat([row[:len(used)] for row, used
                                 in zip(values.view(slots.shape), gathered.per_rank)])
         else:
