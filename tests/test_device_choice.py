@@ -178,3 +178,35 @@ def test_the_step_between_backward_and_the_gathers_traces_as_one_graph():
     values = values_in_slots(acc, gathered, valid, lambda v: v)
     expected = torch.where(valid, acc[gathered.long()], 0).view(-1)
     assert torch.equal(values, expected)
+
+
+def test_the_step_after_the_value_allreduce_traces_as_one_graph():
+    """The buffers' writes after the exchange (error feedback keeps what the wire lost where
+    this rank's value went, the output is cleared at the last support and takes the
+    aggregate) are one graph for torch._dynamo, with float16 on the wire, and write what a
+    plain statement of the step says. Their shapes follow the union's size, so a CUDA graph
+    would still need it fixed."""
+    from horovod_micro.reducer import write_aggregate
+
+    gen = torch.Generator().manual_seed(5)
+    acc, output = torch.randn(NUMEL, generator=gen), torch.zeros(NUMEL)
+    previous = torch.randperm(NUMEL, generator=gen)[:50]
+    output[previous] = 1.0
+    union = torch.randperm(NUMEL, generator=gen)[:80]
+    values = torch.randn(80, generator=gen)
+
+    def wire_error(sent):
+        return sent - sent.to(torch.float16).float()
+
+    explained = torch._dynamo.explain(write_aggregate)(
+        acc.clone(), output.clone(), union, union, values, wire_error, previous)
+    assert explained.graph_break_count == 0, [b.reason for b in explained.break_reasons]
+    assert explained.graph_count == 1
+
+    before, want_out = acc.clone(), torch.zeros(NUMEL)
+    want_acc = acc.clone()
+    want_acc[union] = acc[union] - acc[union].half().float()
+    want_out[union] = values
+    sent, kept = write_aggregate(acc, output, union, union, values, wire_error, previous)
+    assert torch.equal(acc, want_acc) and torch.equal(output, want_out)
+    assert torch.equal(sent, before[union]) and torch.equal(kept, want_acc[union])
