@@ -17,8 +17,9 @@ collectives' time into Horovod's own activities (negotiation, queue, the Gloo op
 
 Models: ``wide_mlp`` (12.7M parameters, about 60 ms of compute per iteration on one
 thread: the communication-bound regime), ``resnet18`` (11.2M, about 1.6 s: the
-compute-bound regime) or ``fmnist_mlp`` (the main job's 0.2M: round trips only). Variants of the optimizer run interleaved in one run (each round
-runs every variant once), so their medians and paired ratios compare like with like:
+compute-bound regime) or ``fmnist_mlp`` (the main job's 0.2M: round trips only).
+Variants of the optimizer run interleaved in one run (each round runs every variant
+once), so their medians and paired ratios compare like with like:
 
 * ``compute``: no exchange, the lower bound the other variants are compared with;
 * ``barrier``: compute plus a one-element allreduce where ``synchronize()`` would be: what
