@@ -16,12 +16,14 @@ import horovod.torch as hvd
 from .cli import TrainError, parse_args
 from .elastic import run_elastic
 from .summary import format_summary, write_figures
+from .threads import share_cores
 from .trainer import run
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     hvd.init()
+    share_cores(args.threads, hvd.local_size())
     try:
         summary = run_elastic(args) if args.elastic else run(args)
     except TrainError as error:  # raised alike on every rank: report once, no traceback

@@ -159,6 +159,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="rank 0's progress display (auto: bar on a terminal, else lines)")
     g.add_argument("--no-plots", action="store_true", help="skip the figures at the end")
     g.add_argument("--no-cuda", action="store_true", help="train on CPU even with a GPU")
+    g.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="torch threads per rank (default: OMP_NUM_THREADS if set, else the "
+                        "host's cores shared among its ranks)")
     return p
 
 
@@ -169,6 +172,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     for key, value in RECIPES[args.dataset].items():
         if getattr(args, key) is None:
             setattr(args, key, value)
+    if args.threads is not None and args.threads < 1:
+        parser.error(f"--threads must be at least 1, got {args.threads}")
     if args.density is not None and not 0.0 < args.density <= 1.0:
         parser.error(f"--density must be in (0, 1], got {args.density}")
     if args.elastic and args.resume:

@@ -4,7 +4,8 @@ Why: on several hosts a run must show that every host took part and that the ran
 finished with the same model (Horovod keeps the replicas in step; a rank that silently
 diverged or a host that ran nothing would not show in rank 0's records otherwise).
 ``run.json`` gets ``hosts`` (rank i's hostname at index i) and every rank writes
-``ranks/rank<R>.json``: its rank, hostname and the SHA-256 of its final parameters.
+``ranks/rank<R>.json``: its rank, hostname, torch threads and the SHA-256 of its final
+parameters.
 """
 
 from __future__ import annotations
@@ -43,5 +44,6 @@ def write_rank_record(out: Path, model: torch.nn.Module) -> Path:
     path = folder / f"rank{hvd.rank()}.json"
     path.write_text(json.dumps({
         "rank": hvd.rank(), "size": hvd.size(), "local_rank": hvd.local_rank(),
-        "hostname": socket.gethostname(), "parameters_sha256": parameters_sha256(model)}))
+        "hostname": socket.gethostname(), "torch_threads": torch.get_num_threads(),
+        "parameters_sha256": parameters_sha256(model)}))
     return path

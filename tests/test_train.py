@@ -7,6 +7,7 @@ and threshold state of the uninterrupted run.
 """
 
 import json
+import os
 import sys
 
 import pytest
@@ -21,19 +22,34 @@ RECIPE = ["--dataset", "digits", "--epochs", "4", "--lr-decay-epochs", "3", "--p
 ACCURACY = 0.90
 
 
-def train(out, *flags):
+def train(out, *flags, env=None):
     return run_script([sys.executable, "-m", "horovod_micro_train",
-                       "--out", str(out), *RECIPE, *flags])
+                       "--out", str(out), *RECIPE, *flags], env=env)
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """One MiCRO and one dense run of the shortened embedded recipe."""
+    """One MiCRO and one dense run of the shortened embedded recipe: MiCRO launched as a
+    user would, with no OMP_NUM_THREADS (the entry point shares the cores among the ranks),
+    dense with ``--threads 2`` over the harness's OMP_NUM_THREADS=1."""
     base = tmp_path_factory.mktemp("train")
     micro = base / "micro"
     dense = base / "dense"
-    return {"micro": (micro, train(micro, "--compressor", "micro", "--tensorboard")),
-            "dense": (dense, train(dense, "--compressor", "none", "--no-plots"))}
+    return {"micro": (micro, train(micro, "--compressor", "micro", "--tensorboard",
+                                   env={"OMP_NUM_THREADS": None})),
+            "dense": (dense, train(dense, "--compressor", "none", "--no-plots",
+                                   "--threads", "2"))}
+
+
+def test_each_rank_runs_its_share_of_the_cores(runs):
+    """torch's default is a thread per core in every rank: 2 ranks on this host would put
+    twice the cores' threads on them. Unset, each rank takes half the cores (at least 1);
+    ``--threads`` sets it."""
+    share = max(1, len(os.sched_getaffinity(0)) // 2)
+    for name, want in (("micro", share), ("dense", 2)):
+        out, _ = runs[name]
+        ranks = [json.loads(p.read_text()) for p in sorted((out / "ranks").glob("*.json"))]
+        assert [r["torch_threads"] for r in ranks] == [want, want], name
 
 
 def read(path):

@@ -82,14 +82,17 @@ def run_bounded(cmd: list[str], timeout: float, *, env: dict | None = None,
     """Run ``cmd`` in its own process group; kill the whole group after ``timeout`` s.
 
     The environment is ``base_env`` (default: this process's) plus ``OMP_NUM_THREADS=1``,
-    ``PYTHONUNBUFFERED=1`` and ``env`` (which wins). Returns the
-    :class:`subprocess.CompletedProcess` with stdout and stderr merged in ``.stdout``.
+    ``PYTHONUNBUFFERED=1`` and ``env`` (which wins; a None value removes the variable).
+    Returns the :class:`subprocess.CompletedProcess` with stdout and stderr merged in
+    ``.stdout``.
     Raises :class:`LaunchError` (message: ``label``, default the command, and the
     output's tail) on a timeout and, with ``check``, on a non-zero exit.
     """
     label = label or shlex.join(str(c) for c in cmd)
     start = os.environ if base_env is None else base_env
-    full_env = {**start, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
+    full_env = {name: value for name, value in
+                {**start, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}.items()
+                if value is not None}
     proc = subprocess.Popen(cmd, cwd=cwd, env=full_env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
