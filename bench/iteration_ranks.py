@@ -1,13 +1,14 @@
 """Time per iteration of the main job on real ranks: dense against MiCRO, side by side.
 
-The question it answers: on n Gloo ranks of ``python -m horovod_micro_train`` (Fashion-MNIST,
-``fmnist_mlp``, ``make run``'s recipe), is MiCRO's iteration faster than dense's, and what
-does each part of it cost? Every variant runs the same number of iterations, the variants
-interleaved in rounds (the machine's drift falls on all of them alike); per run the median
-over the iterations after the first ten (each iteration's time is its slowest rank's).
+The question it answers: on n Gloo (or MPI) ranks of ``python -m horovod_micro_train``
+(Fashion-MNIST, ``fmnist_mlp``, ``make run``'s recipe), is MiCRO's iteration faster than
+dense's, and what does each part of it cost? Every variant runs the same number of
+iterations, the variants interleaved in rounds (the machine's drift falls on all of them
+alike); per run the median over the iterations after the first ten (each iteration's time
+is its slowest rank's).
 
     .venv/bin/python -m bench.iteration_ranks [--ranks 8] [--rounds 2] [--iters 60]
-        [--json bench/results/iteration-ranks8.json]
+        [--backend gloo|mpi] [--cycle-time-ms MS] [--json bench/results/iteration-ranks8.json]
 
 Variants: ``dense`` (``--compressor none``), ``micro`` (the defaults: fixed-shape slots),
 ``micro-exact`` (``--capacity exact``: variable-size blocks, negotiated every step).
@@ -32,14 +33,14 @@ SKIP = 10  # first iterations left out (negotiation, allocation, the first excha
 
 
 def one_run(ranks: int, iters: int, extra: list[str], out: Path,
-            env: dict[str, str] | None = None) -> dict:
+            env: dict[str, str] | None = None, backend: str = "gloo") -> dict:
     argv = [sys.executable, "-m", "horovod_micro_train",
             "--dataset", "fashion-mnist", "--epochs", "1",
             "--max-iters-per-epoch", str(iters), "--out", str(out)] + extra
     # One thread per rank, as ``make run`` launches the job (run_bounded sets
     # OMP_NUM_THREADS=1): torch's default of one thread per core puts 2n threads on the
     # cores, and the ranks then time each other's spinning, not the step.
-    run_bounded(horovodrun_cmd(ranks, "gloo", argv), timeout=1800, cwd=REPO, env=env)
+    run_bounded(horovodrun_cmd(ranks, backend, argv), timeout=1800, cwd=REPO, env=env)
     rows = [json.loads(line) for line in (out / "iterations.jsonl").read_text().splitlines()]
     kept = rows[SKIP:]
     result = {f: statistics.median(r[f] for r in kept) for f in FIELDS}
@@ -55,6 +56,7 @@ def main() -> None:
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     ap.add_argument("--cycle-time-ms", type=float, default=None,
                     help="HOROVOD_CYCLE_TIME for the ranks (Horovod 0.28.1 default: 1 ms)")
+    ap.add_argument("--backend", choices=("gloo", "mpi"), default="gloo")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     runs: dict[str, list[dict]] = {v: [] for v in args.variants}
@@ -64,12 +66,12 @@ def main() -> None:
         for r in range(args.rounds):
             for name in args.variants:
                 row = one_run(args.ranks, args.iters, VARIANTS[name], Path(tmp) / f"{name}-{r}",
-                              env)
+                              env, args.backend)
                 runs[name].append(row)
                 print(f"round {r} {name}: " + ", ".join(
                     f"{f} {row[f] * 1e3:.1f} ms" for f in FIELDS)
                     + f", {row['bytes_sent'] / 1e3:.1f} KB sent", flush=True)
-    print(f"\n| {args.ranks} Gloo ranks | " + " | ".join(f"{f}, ms" for f in FIELDS)
+    print(f"\n| {args.ranks} {args.backend} ranks | " + " | ".join(f"{f}, ms" for f in FIELDS)
           + " | x dense (total) |")
     print("|---|" + "---:|" * (len(FIELDS) + 1))
     dense = statistics.median(x["total"] for x in runs.get("dense", [])) if "dense" in runs \
