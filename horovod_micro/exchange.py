@@ -50,12 +50,13 @@ from __future__ import annotations
 import math
 import pickle
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import horovod.torch as hvd
 import torch
 
-from .deadline import bounded, timeout_from_env
+from .deadline import arrival_from_env, bounded, stall_warning_from_env, timeout_from_env
 from .stats import ring_allgather_bytes, ring_allreduce_bytes
 from .status import NONFINITE, is_bounded, raise_reported, split_status
 
@@ -90,9 +91,28 @@ class Comm:
 
     process_set: hvd.ProcessSet = field(default_factory=lambda: hvd.global_process_set)
     prefix: str = "hvm"
-    #: seconds a collective may wait for the other ranks (:mod:`horovod_micro.deadline`;
-    #: ``None``: forever)
+    #: seconds a collective after an exchange's first may wait for the other ranks
+    #: (:mod:`horovod_micro.deadline`; ``None``: forever)
     timeout: float | None = field(default_factory=timeout_from_env)
+    #: seconds an exchange's first collective may wait for the other ranks to reach it
+    arrival_timeout: float | None = field(default_factory=arrival_from_env)
+    #: seconds between stall warnings while a collective waits (``None``: none)
+    warn_every: float | None = field(default_factory=stall_warning_from_env)
+    #: whether the next collective is an exchange's first (:meth:`begin_exchange`)
+    arriving: bool = field(default=True, repr=False)
+
+    def begin_exchange(self) -> None:
+        """The next collective is the first of an exchange: it waits up to the arrival
+        deadline, since a rank may work alone between steps (:mod:`.deadline`)."""
+        self.arriving = True
+
+    @contextmanager
+    def _bounded(self, role: str):
+        arrival = self.arriving
+        with bounded(self.name(role), self.arrival_timeout if arrival else self.timeout,
+                     arrival, self.warn_every):
+            yield
+        self.arriving = False
 
     @property
     def rank(self) -> int:
@@ -110,14 +130,14 @@ class Comm:
     # Horovod in unit tests of a compressor.
     def allgather(self, tensor: torch.Tensor, role: str) -> torch.Tensor:
         """Every rank's ``tensor`` concatenated along dim 0, in rank order."""
-        with bounded(self.name(role), self.timeout):
+        with self._bounded(role):
             return hvd.allgather(tensor, name=self.name(role), process_set=self.process_set)
 
     def allreduce_(self, tensor: torch.Tensor, role: str, op, prescale: float,
                    postscale: float) -> torch.Tensor:
         """Horovod's ``allreduce_``: ``postscale * sum(prescale * x)`` (``/ size`` for
         ``op=hvd.Average``), in place."""
-        with bounded(self.name(role), self.timeout):
+        with self._bounded(role):
             return hvd.allreduce_(tensor, name=self.name(role), op=op,
                                   prescale_factor=prescale, postscale_factor=postscale,
                                   process_set=self.process_set)
@@ -126,7 +146,7 @@ class Comm:
                  role: str) -> tuple[torch.Tensor, list[int]]:
         """Rows ``splits[d]`` of ``tensor`` to rank ``d``; what arrived, and its row counts
         by source rank."""
-        with bounded(self.name(role), self.timeout):
+        with self._bounded(role):
             output, received = hvd.alltoall(tensor, splits=torch.tensor(splits,
                                                                         dtype=torch.int32),
                                             name=self.name(role), process_set=self.process_set)
@@ -139,7 +159,7 @@ class Comm:
         payload = (torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
                    if root else torch.empty(0, dtype=torch.uint8))
         size = torch.tensor([payload.numel()], dtype=torch.int64)
-        with bounded(self.name(role), self.timeout):
+        with self._bounded(role):
             size = hvd.broadcast(size, root_rank, name=self.name(f"{role}-size"),
                                  process_set=self.process_set)
             if not root:

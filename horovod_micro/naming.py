@@ -58,3 +58,11 @@ def name_parameters(param_groups, named_parameters) -> list[tuple[str, torch.nn.
             seen.add(id(p))
             unique.append((n, p))
     return unique
+
+
+def built_alike(prefix: str) -> int:
+    """How many optimizers this process built with the same process set, parameters and
+    compressor as the one named ``prefix`` (from :func:`collective_prefix`): above 1, the
+    optimizers' collectives pair by build order alone."""
+    _, set_part, digest, _ = prefix.split(".")
+    return _built[(int(set_part[2:]), digest)]

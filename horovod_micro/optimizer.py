@@ -34,7 +34,7 @@ from .elastic import ElasticMethods, ElasticOptimizer
 from .exchange import Comm
 from .hooks import HookMethods
 from .layout import FlatLayout
-from .momentum import mask_applied
+from .momentum import mask_applied, warn_if_unmaskable
 from .naming import collective_prefix, name_parameters
 from .optimizer_state import CheckpointMethods
 from .reducer import SparseReducer
@@ -108,6 +108,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                           ReduceOp(op, *self._scale_factors()),
                                           stats_callback=self._record,
                                           zero_copy=zero_copy and grad_scaler is None)
+            warn_if_unmaskable(compression, self.param_groups, process_set.size(),
+                               process_set.rank() == 0)
         else:
             self._groups = resolve_groups(groups, self._layout)
         if self._sparse or hvd.size() > 1 or os.environ.get("HOROVOD_ELASTIC") == "1":
@@ -139,6 +141,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if self._closed:
             raise RuntimeError("this horovod_micro DistributedOptimizer was closed (its "
                                "parameters were wrapped again, or close() was called)")
+        if self._included:
+            # This exchange's first collective waits for ranks that work alone between
+            # steps (the arrival deadline), its later ones only for the step itself.
+            self._comm.begin_exchange()
         if self._included and (not self._checked
                                or self.process_set.size() != self._bound_size):
             self.rebind()

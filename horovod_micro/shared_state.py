@@ -9,10 +9,12 @@ error-feedback residual. Its methods are merged into ``hvm.DistributedOptimizer`
 from __future__ import annotations
 
 import math
+import warnings
 
 import horovod.torch as hvd
 import torch
 
+from .naming import built_alike
 from .status import CollectiveInputError
 
 
@@ -42,22 +44,29 @@ class SharedStateMethods:
         self._state_sync_pending = False
 
     def _check_same_parameters(self) -> None:
-        """Raise on every rank unless every rank holds the same parameters.
+        """Refuse, on every rank, models paired across ranks; warn about weights that were
+        not broadcast.
 
-        Ranks whose weights differ at the first exchange would train apart with no error:
-        the model was not broadcast (``hvd.broadcast_parameters``), or two same-shaped
-        models' optimizers were built in a different order on different ranks, so their
-        collectives (named by shapes and build order) pair one rank's model with another
-        rank's other model. Each rank gathers four float64 numbers once
-        (:func:`parameter_digest`, and whether it loaded a state), to within 1 % of the
-        weights' norm. Skipped when any rank loaded a state: Horovod's resume idiom
+        Two same-shaped models' optimizers built in a different order on different ranks
+        have collectives (named by shapes and build order) that pair one rank's model with
+        another rank's other model, and train them into each other with no error. Each rank
+        gathers five float64 numbers once: :func:`parameter_digest` (to within 1 % of the
+        weights' norm), whether it loaded a state, and whether it built several optimizers
+        alike (:func:`~horovod_micro.naming.built_alike`). Where the weights differ and
+        some rank built optimizers alike, the pairing is ambiguous: every rank raises.
+        Where no rank did, nothing can be paired wrongly; the weights were simply not
+        broadcast (``hvd.broadcast_parameters``), and each rank trains its own weights with
+        the shared gradient, as with Horovod's optimizer: the set's first rank warns once.
+        Skipped when any rank loaded a state: Horovod's resume idiom
         (``hvd.broadcast_optimizer_state`` after a load on rank 0) steps the other ranks'
         fresh optimizers on zero gradients, which weight decay turns into a change of the
         weights (of about ``lr`` per weight with Adam), as in stock Horovod.
         """
         digest = parameter_digest([p.detach() for p in self._layout.params])
-        loaded = torch.tensor([1.0 if self._loaded else 0.0], dtype=torch.float64)
-        everyone = self._comm.allgather(torch.cat([digest, loaded]).view(1, 4), "parameters")
+        flags = torch.tensor([1.0 if self._loaded else 0.0,
+                              1.0 if built_alike(self._comm.prefix) > 1 else 0.0],
+                             dtype=torch.float64)
+        everyone = self._comm.allgather(torch.cat([digest, flags]).view(1, 5), "parameters")
         self._loaded = False
         if bool((everyone[:, 3] > 0).any()):
             return
@@ -68,13 +77,22 @@ class SharedStateMethods:
             if bool((everyone[r] - first)[:2].abs().max() > 1e-2 * norm) \
                     or abs(float(everyone[r][2] - first[2])) > 2e-2 * norm * norm:
                 differ.append(r)
-        if differ:
+        if not differ:
+            return
+        if bool((everyone[:, 4] > 0).any()):
             raise CollectiveInputError(
                 f"the parameters of rank(s) {differ} differ from those of the set's first "
-                "rank at the first exchange: broadcast them first "
-                "(hvd.broadcast_parameters(model.state_dict(), root_rank=0)), and build "
-                "the optimizers of same-shaped models in the same order on every rank "
-                "(their collectives pair up by shapes and build order)")
+                "rank at the first exchange, and the same-shaped optimizers built on these "
+                "ranks pair up by build order: build the optimizers of same-shaped models "
+                "in the same order on every rank, and broadcast the weights first "
+                "(hvd.broadcast_parameters(model.state_dict(), root_rank=0))")
+        if self._comm.rank == 0:
+            warnings.warn(
+                f"horovod_micro: the parameters of rank(s) {differ} differ from those of the "
+                "set's first rank at the first exchange (not broadcast?): each rank trains "
+                "its own weights with the shared gradient, as with Horovod's optimizer. "
+                "Call hvd.broadcast_parameters(model.state_dict(), root_rank=0) first for "
+                "identical models", stacklevel=4)
 
 
 def parameter_digest(params: list[torch.Tensor]) -> torch.Tensor:

@@ -79,6 +79,10 @@ class StepStats:
             e.g. ``indices``, ``values``; waiting for other ranks included) and
             ``exchange_local`` (the method's own gathers and casts), ``update`` (residual
             and output buffer), ``write_back``.
+        momentum_masked: parameters whose momentum buffer was masked after this step
+            (:mod:`horovod_micro.momentum`): filled in by ``step()``, after the wrapped
+            optimizer's step (``None`` until then, and after ``synchronize()`` alone); 0
+            where masking does not act.
     """
 
     iteration: int
@@ -97,6 +101,7 @@ class StepStats:
     comm_time: float = 0.0
     nonfinite: bool = False
     phases: dict[str, float] = field(default_factory=dict)
+    momentum_masked: int | None = None
 
     @property
     def load_imbalance(self) -> float:

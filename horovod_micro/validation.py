@@ -18,6 +18,7 @@ import torch
 from .compressors.base import Compressor
 from .exchange import Comm, allgather_object
 from .layout import FlatLayout
+from .momentum import masking_error
 
 
 @dataclass
@@ -90,6 +91,9 @@ def local_errors(args: Arguments) -> list[str]:
                           "optimizer; create one compressor per optimizer")
         if layout.numel == 0:
             errors.append("no parameter requires a gradient")
+        error = masking_error(compression, args.param_groups)
+        if error:
+            errors.append(error)
     return errors
 
 

@@ -49,3 +49,43 @@ def masked_steps(method="micro", density=0.05, iterations=8, masking=None, neste
                       "aggregate": aggregate, "weights": flat(params), "buffers": buffers(),
                       "applied": opt.last_stats.global_count})
     return {"steps": steps, "masking": opt.compression.masks(hvd.size())}
+
+
+def with_optimizer(kind: str, masking=None, density=0.05, compression="micro",
+                   iterations=4) -> dict:
+    """Wrap ``kind`` (``adam``, ``adamw``, ``sgd``: momentum 0.9) and train a few steps;
+    whatever wrapping raised, the warnings it gave on this rank, what each step recorded as
+    masked, and this rank's weights."""
+    import warnings
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.ReLU(),
+                                torch.nn.Linear(16, 3))
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    base = {"adam": lambda p: torch.optim.Adam(p, lr=1e-2),
+            "adamw": lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.01),
+            "sgd": lambda p: torch.optim.SGD(p, lr=LR, momentum=MOMENTUM)}[kind](
+        model.parameters())
+    if compression == "none":
+        method = hvm.Compression.none
+    else:
+        kwargs = {} if masking is None else {"momentum_masking": masking}
+        method = hvm.Compression.micro(density=density, **kwargs)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            opt = hvm.DistributedOptimizer(base, named_parameters=model.named_parameters(),
+                                           compression=method)
+        except ValueError as error:
+            return {"raised": str(error)}
+    gen = torch.Generator().manual_seed(100 + hvd.rank())
+    masked = []
+    for _ in range(iterations):
+        x, y = torch.randn(16, 12, generator=gen), torch.randint(0, 3, (16,), generator=gen)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        masked.append(None if opt.last_stats is None else opt.last_stats.momentum_masked)
+    weights = torch.cat([p.detach().reshape(-1) for _, p in sorted(model.named_parameters())])
+    return {"raised": None, "warnings": [str(w.message) for w in caught], "masked": masked,
+            "weights": weights.tolist()}

@@ -7,6 +7,8 @@ which the harness reports."""
 from __future__ import annotations
 
 import copy
+import io
+import sys
 import time
 import warnings
 
@@ -102,6 +104,64 @@ def out_of_step(case: str) -> dict:
         everyone = hvd.allgather(flat.unsqueeze(0), name="weights")
         result["same_weights"] = bool((everyone == everyone[0]).all())
     return result
+
+
+def works_alone(seconds: float) -> dict:
+    """Horovod's common script: rank 0 works alone (evaluation, a checkpoint) for
+    ``seconds`` before its fourth step while the others wait in that step's exchange.
+    What each rank printed to stderr meanwhile (the stall warnings), and whether the
+    weights agree after six steps."""
+    model = _model()
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    opt = _wrap(model)
+    printed, real = io.StringIO(), sys.stderr
+    sys.stderr = printed  # the deadline's watching thread prints to sys.stderr
+    try:
+        result = _outcome(lambda: _steps_with_a_pause(model, opt, seconds))
+    finally:
+        sys.stderr = real
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    everyone = hvd.allgather(flat.unsqueeze(0), name="weights")
+    result.update(same_weights=bool((everyone == everyone[0]).all()),
+                  iteration=opt.last_stats.iteration, printed=printed.getvalue())
+    return result
+
+
+def _steps_with_a_pause(model, opt, seconds: float) -> None:
+    for t in range(6):
+        if t == 3 and hvd.rank() == 0:
+            time.sleep(seconds)
+        _backward(model, opt, t)
+        opt.step()
+
+
+def diverged_in_step() -> dict:
+    """A plugin method whose ``combine`` fails on rank ODD alone at step 2, after every
+    rank joined the exchange's first collective: rank ODD goes on to average a metric,
+    the others wait in the value allreduce (the in-step deadline's case)."""
+    from plugin_compressor import CyclicBlockCompressor
+
+    class FailsOnOneRank(CyclicBlockCompressor):
+        def combine(self, acc, selection, gathered, iteration, *args):
+            if self.comm.rank == ODD and iteration == 2:
+                raise RuntimeError("a plugin's error on one rank")
+            return super().combine(acc, selection, gathered, iteration, *args)
+
+    model = _model()
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    opt = _wrap(model, FailsOnOneRank(density=0.05))
+
+    def body():
+        for t in range(4):
+            try:
+                _backward(model, opt, t)
+                opt.step()
+            except RuntimeError as error:
+                if "plugin's error" not in str(error):
+                    raise
+                break
+        hvd.allreduce(torch.ones(1), name="metric")
+    return _outcome(body)
 
 
 def float16_overflow() -> dict:
@@ -229,3 +289,31 @@ def load_checkpoint(path: str) -> dict:
             "iteration": opt.last_stats.iteration,
             "same_weights": bool((everyone == everyone[0]).all()),
             "finite": bool(torch.isfinite(flat).all())}
+
+
+def unbroadcast() -> dict:
+    """Each rank seeds its own model and nothing is broadcast (Horovod trains such
+    weights): whether wrapping and three steps raised, the warnings each rank gave, whether
+    the weights moved, and whether every rank received the same aggregate each step."""
+    torch.manual_seed(hvd.rank())
+    model = _model(seed=10 + hvd.rank())
+    start = [p.detach().clone() for p in model.parameters()]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        opt = _wrap(model)
+        same_aggregate = []
+
+        def body():
+            for t in range(3):
+                _backward(model, opt, t)
+                opt.synchronize()
+                flat = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+                everyone = hvd.allgather(flat.unsqueeze(0), name=f"aggregate.{t}")
+                same_aggregate.append(bool((everyone == everyone[0]).all()))
+                with opt.skip_synchronize():
+                    opt.step()
+        result = _outcome(body)
+    result.update(warnings=[str(w.message) for w in caught], same_aggregate=same_aggregate,
+                  moved=all(not torch.equal(a, p.detach())
+                            for a, p in zip(start, model.parameters())))
+    return result

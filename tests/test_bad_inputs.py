@@ -11,7 +11,8 @@ sees. docs/failure-modes.md, "Bad inputs", tabulates these with the earlier test
 * one rank calling ``step()`` once more than the others: its last exchange has no
   partner. If the others have finished, Horovod's shutdown ends its wait with
   ``HorovodInternalError``; if they wait in another collective,
-  ``HOROVOD_MICRO_EXCHANGE_TIMEOUT_SECONDS`` ends it with ``ExchangeTimeout`` (Gloo), and
+  the arrival deadline (``HOROVOD_MICRO_ARRIVAL_TIMEOUT_SECONDS``, set short here) ends it
+  with ``ExchangeTimeout`` (Gloo), and
   its exit then ends the others' wait with ``HorovodInternalError``; on MPI, Horovod's
   stall shutdown (``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS``) ends both waits.
 """
@@ -70,7 +71,7 @@ STALL = {"HOROVOD_STALL_CHECK_TIME_SECONDS": "2", "HOROVOD_STALL_SHUTDOWN_TIME_S
 
 @pytest.mark.parametrize("then,backend_,env,errors", [
     ("exit", "gloo", {}, [None, "HorovodInternalError"]),
-    ("barrier", "gloo", {"HOROVOD_MICRO_EXCHANGE_TIMEOUT_SECONDS": "20"},
+    ("barrier", "gloo", {"HOROVOD_MICRO_ARRIVAL_TIMEOUT_SECONDS": "20"},
      ["HorovodInternalError", "ExchangeTimeout"]),
     ("barrier", "mpi", STALL, ["HorovodInternalError", "HorovodInternalError"]),
 ], ids=["exit-gloo", "barrier-gloo", "barrier-mpi"])
@@ -82,7 +83,7 @@ def test_one_rank_steps_once_more(then, backend_, env, errors):
     results = run_ranks("ranks_bad_inputs:extra_step_then", np=2, kwargs={"then": then},
                         backend=backend_, env=env, timeout=300)
     assert [r.value["raised"] for r in results] == errors, [r.value for r in results]
-    if "HOROVOD_MICRO_EXCHANGE_TIMEOUT_SECONDS" in env:
+    if "HOROVOD_MICRO_ARRIVAL_TIMEOUT_SECONDS" in env:
         assert "no other rank joined" in results[1].value["message"]
         assert "step() or synchronize() was called more often" in results[1].value["message"]
     assert "Horovod has been shut down" in [r for r in results if r.value["raised"]

@@ -84,3 +84,43 @@ def test_momentum_masking_is_a_checked_setting():
         0.01, momentum_masking=False).config()
     with pytest.raises(ValueError, match="momentum_masking"):
         hvm.Compression.micro(0.01, momentum_masking="yes")
+
+
+@pytest.mark.parametrize("kind", ["adam", "adamw"])
+def test_masking_asked_of_adam_is_refused_on_every_rank(kind):
+    results = run_ranks("ranks_momentum:with_optimizer", np=2,
+                        kwargs={"kind": kind, "masking": True})
+    for r in results:
+        message = r.value["raised"]
+        assert message and "momentum_masking=True" in message, r.value
+        assert "keeps no momentum buffer" in message and "reported on every rank" in message
+
+
+def test_default_masking_with_adam_warns_once_on_the_first_rank():
+    """At 8 ranks MiCRO's default would mask: with AdamW there is nothing to mask, which
+    rank 0 says once, and every step records 0 masked parameters."""
+    results = run_ranks("ranks_momentum:with_optimizer", np=8, timeout=300,
+                        kwargs={"kind": "adamw"})
+    for r in results:
+        warned = [w for w in r.value["warnings"] if "keeps no momentum buffer" in w]
+        assert len(warned) == (1 if r.rank == 0 else 0), (r.rank, r.value["warnings"])
+        assert r.value["masked"] == [0] * 4, r.value["masked"]
+    # With SGD's momentum the same default masks, and says so.
+    sgd = run_ranks("ranks_momentum:with_optimizer", np=8, timeout=300, kwargs={"kind": "sgd"})
+    for r in sgd:
+        assert not [w for w in r.value["warnings"] if "momentum buffer" in w], r.value
+        assert all(m == 4 for m in r.value["masked"]), r.value["masked"]  # 2 weights, 2 biases
+
+
+def test_density_one_with_masking_is_dense():
+    """At density 1 every coordinate is this step's aggregate and nothing is stale:
+    masking does not act, so MiCRO with ``momentum_masking=True`` trains SGD with momentum
+    exactly as Horovod's dense allreduce does."""
+    sparse = run_ranks("ranks_momentum:with_optimizer", np=2,
+                       kwargs={"kind": "sgd", "masking": True, "density": 1.0})
+    dense = run_ranks("ranks_momentum:with_optimizer", np=2,
+                      kwargs={"kind": "sgd", "compression": "none"})
+    for s, d in zip(sparse, dense):
+        assert s.value["masked"] == [0] * 4, s.value["masked"]
+        gap = max(abs(a - b) for a, b in zip(s.value["weights"], d.value["weights"]))
+        assert gap < 1e-6, gap

@@ -1,11 +1,15 @@
 """Ranks out of step, and edge inputs, on real ranks: each ends with a correct result or a
 clear error on every rank, by default (no variable set).
 
+* one rank working alone between steps for longer than the in-step deadline (rank 0
+  evaluating while the others wait in the next exchange): the job completes, with a stall
+  warning that names the collective;
 * out of step (a rank with no batch at the first step, a rank that catches its own error
   between backward and ``step()``, two optimizers stepped or built in another order on one
-  rank): the exchange's deadline (45 s by default) ends the wait with ``ExchangeTimeout``
-  and shuts Horovod down, which ends every other rank's wait with
-  ``HorovodInternalError``;
+  rank): the arrival deadline (1800 s by default, shortened here through its variable)
+  ends the wait with ``ExchangeTimeout`` and shuts Horovod down, which ends every other
+  rank's wait with ``HorovodInternalError``; ranks that part within a step (a plugin that
+  fails on one rank) end at the in-step deadline;
 * two same-shaped models built and stepped in another order on one rank: their
   collectives pair across models; the first exchange's parameter check raises
   ``CollectiveInputError`` on every rank at once;
@@ -27,25 +31,61 @@ from horovod_micro import deadline
 
 OUT_OF_STEP = [("uneven_first", "gloo"), ("caught", "gloo"), ("caught", "mpi"),
                ("steps_swapped", "gloo"), ("built_swapped", "gloo")]
+ARRIVAL_S = 20  # the arrival deadline these tests set (1800 s by default)
 
 
 @pytest.mark.parametrize("case,backend", OUT_OF_STEP, ids=[f"{c}-{b}" for c, b in OUT_OF_STEP])
-def test_out_of_step_ends_by_default(case, backend):
+def test_out_of_step_ends_at_the_arrival_deadline(case, backend):
     results = run_ranks("ranks_out_of_step:out_of_step", np=2, backend=backend,
-                        kwargs={"case": case}, timeout=200)
+                        kwargs={"case": case}, timeout=200,
+                        env={deadline.ARRIVAL_ENV: str(ARRIVAL_S)})
     seen = [r.value for r in results]
     assert all(v["raised"] in ("ExchangeTimeout", "HorovodInternalError") for v in seen), seen
     timed_out = [v for v in seen if v["raised"] == "ExchangeTimeout"]
     assert timed_out, seen
     for v in timed_out:
-        assert "no other rank joined this collective within 45 s" in v["message"], v
-        assert "out of step" in v["message"], v
+        assert f"no other rank joined this collective within {ARRIVAL_S} s" in v["message"], v
+        assert deadline.ARRIVAL_ENV in v["message"] and "out of step" in v["message"], v
     for v in seen:
         if v["raised"] == "HorovodInternalError":
             assert "Horovod has been shut down" in v["message"], v
-        # Ended by the default deadline (not sooner: the ranks meet in a collective just
-        # before, so their clocks start within a few ms), within the 60 s bar.
-        assert deadline.DEFAULT_TIMEOUT_S - 1 <= v["seconds"] < 60, seen
+        # Ended by the arrival deadline (not sooner: the ranks meet in a collective just
+        # before, so their clocks start within a few ms).
+        assert ARRIVAL_S - 1 <= v["seconds"] < ARRIVAL_S + 15, seen
+
+
+def test_a_rank_working_alone_longer_than_the_in_step_deadline_completes():
+    """Rank 0 sleeps 10 s before its fourth step, with a 3 s in-step deadline and no
+    arrival deadline set: the other rank waits in that step's first collective, warned
+    every 2 s (Horovod's stall interval), and the job completes with equal weights."""
+    results = run_ranks("ranks_out_of_step:works_alone", np=2, kwargs={"seconds": 10},
+                        env={deadline.TIMEOUT_ENV: "3", deadline.STALL_ENV: "2"},
+                        timeout=200)
+    for r in results:
+        assert r.value["raised"] is None, r.value
+        assert r.value["same_weights"] and r.value["iteration"] == 5, r.value  # 6 exchanges
+    waited = results[1].value
+    assert waited["seconds"] >= 10, waited
+    warnings_ = [line for line in waited["printed"].splitlines() if "has waited" in line]
+    assert len(warnings_) >= 3, waited["printed"]  # at about 2, 4, 6, 8 s
+    assert "rank 1 has waited 2 s in collective hvm." in warnings_[0], warnings_
+    assert "for the other ranks to reach this step" in warnings_[0], warnings_
+    assert "ends with ExchangeTimeout after 1800 s" in warnings_[0], warnings_
+    assert deadline.ARRIVAL_ENV in warnings_[0], warnings_
+    assert "has waited" not in results[0].value["printed"]  # rank 0 never waited
+
+
+def test_ranks_that_part_within_a_step_end_at_the_in_step_deadline():
+    results = run_ranks("ranks_out_of_step:diverged_in_step", np=2, timeout=200,
+                        env={deadline.TIMEOUT_ENV: "6"})
+    waiting, failed = (r.value for r in results)
+    assert waiting["raised"] == "ExchangeTimeout", waiting
+    assert "no other rank joined this collective within 6 s" in waiting["message"]
+    assert "after every rank had entered this exchange" in waiting["message"]
+    assert deadline.TIMEOUT_ENV in waiting["message"]
+    assert 5 <= waiting["seconds"] < 25, waiting  # the in-step deadline, not the arrival
+    assert failed["raised"] == "HorovodInternalError", failed
+    assert "Horovod has been shut down" in failed["message"], failed
 
 
 def test_models_paired_across_ranks_are_refused_on_every_rank():
@@ -56,6 +96,20 @@ def test_models_paired_across_ranks_are_refused_on_every_rank():
     message = messages.pop()
     assert "differ from those of the set's first rank" in message
     assert "hvd.broadcast_parameters" in message and "same order" in message
+
+
+def test_weights_not_broadcast_train_as_with_horovod():
+    """Each rank initialises its own model and nothing is broadcast: as with Horovod's
+    optimizer, every rank trains its own weights with the same aggregate; the set's first
+    rank warns once. (Cross-paired models are still refused, above.)"""
+    results = run_ranks("ranks_out_of_step:unbroadcast", np=2)
+    for r in results:
+        v = r.value
+        assert v["raised"] is None, v
+        assert v["moved"] and v["same_aggregate"] == [True] * 3, v
+        warned = [w for w in v["warnings"] if "not broadcast?" in w]
+        assert len(warned) == (1 if r.rank == 0 else 0), (r.rank, v["warnings"])
+        assert "differ from those of the set's first rank" in "".join(warned) or r.rank
 
 
 def test_float16_overflow_is_a_nonfinite_step():
@@ -123,13 +177,28 @@ def test_numpy_densities_are_numbers():
         hvm.Compression.micro(density=np.bool_(True))
 
 
-def test_deadline_setting(monkeypatch):
-    monkeypatch.delenv(deadline.TIMEOUT_ENV, raising=False)
-    assert deadline.timeout_from_env() == deadline.DEFAULT_TIMEOUT_S
+def test_deadline_settings(monkeypatch):
+    for name in (deadline.TIMEOUT_ENV, deadline.ARRIVAL_ENV, deadline.STALL_ENV,
+                 deadline.STALL_DISABLE_ENV):
+        monkeypatch.delenv(name, raising=False)
+    assert deadline.timeout_from_env() == 45.0
+    assert deadline.arrival_from_env() == 1800.0  # PyTorch's Gloo default
+    assert deadline.stall_warning_from_env() == 60.0  # Horovod's default
     monkeypatch.setenv(deadline.TIMEOUT_ENV, "0")
     assert deadline.timeout_from_env() is None
+    assert deadline.arrival_from_env() is None  # off altogether, unless set
+    monkeypatch.setenv(deadline.ARRIVAL_ENV, "600")
+    assert deadline.arrival_from_env() == 600.0
     monkeypatch.setenv(deadline.TIMEOUT_ENV, "2.5")
     assert deadline.timeout_from_env() == 2.5
+    monkeypatch.setenv(deadline.ARRIVAL_ENV, "1")
+    assert deadline.arrival_from_env() == 2.5  # never below the in-step deadline
+    monkeypatch.setenv(deadline.ARRIVAL_ENV, "0")
+    assert deadline.arrival_from_env() is None
+    monkeypatch.setenv(deadline.STALL_ENV, "5")
+    assert deadline.stall_warning_from_env() == 5.0
+    monkeypatch.setenv(deadline.STALL_DISABLE_ENV, "1")
+    assert deadline.stall_warning_from_env() is None
     monkeypatch.setenv(deadline.TIMEOUT_ENV, "soon")
     with pytest.raises(ValueError, match="not a number of seconds"):
         deadline.timeout_from_env()

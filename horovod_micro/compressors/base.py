@@ -215,7 +215,11 @@ class Compressor:
         del size
 
     def masks(self, size: int) -> bool:
-        """Whether momentum masking acts in a set of ``size`` ranks."""
+        """Whether momentum masking acts in a set of ``size`` ranks. Never at density 1:
+        every coordinate then gets this step's aggregate, nothing is a stale burst, and
+        clearing every momentum each step would turn the optimizer into plain SGD."""
+        if self.density is not None and self.density >= 1.0:
+            return False
         if self.momentum_masking is not None:
             return self.momentum_masking
         return self.masks_momentum_from is not None and size >= self.masks_momentum_from
