@@ -40,7 +40,7 @@ from .optimizer_state import CheckpointMethods
 from .reducer import SparseReducer
 from .shared_state import SharedStateMethods
 from .stats import StepStats
-from .status import OK, PARAMS_CHANGED, CollectiveInputError
+from .status import OK, PARAMS_CHANGED, STATE_LOADED, CollectiveInputError, StateReloaded
 from .validation import Arguments
 
 
@@ -157,14 +157,20 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         try:
             change = self._parameter_change() if self._included else None
             if self._included and self._sparse:
-                if self._state_sync_pending:
+                if self._state_sync_pending is True:  # the first exchange: every rank
                     self._adopt_shared_state(check_parameters=True)
                 if self.grad_scaler is not None and self.grad_scaler.is_enabled():
                     # synchronize() runs before unscale_: the residual is loss-scaled
                     # (a host sync on a GPU, once a step)
                     self._reducer.follow_loss_scale(float(self.grad_scaler.get_scale()))
+                reported = (PARAMS_CHANGED if change
+                            else STATE_LOADED if self._state_sync_pending else OK)
                 try:
-                    self._reducer.reduce(PARAMS_CHANGED if change else OK)
+                    try:
+                        self._reducer.reduce(reported)
+                    except StateReloaded:  # every rank loaded a state: adopt rank 0's, again
+                        self._adopt_shared_state(check_parameters=True)
+                        self._reducer.reduce(OK)
                 except CollectiveInputError as error:
                     if change:
                         raise CollectiveInputError(f"{error} (this rank: {change})") from None

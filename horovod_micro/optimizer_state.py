@@ -52,5 +52,7 @@ class CheckpointMethods:
         except Exception:
             reducer.load_state_dict(backup)
             raise
-        self._state_sync_pending = True
+        # Before the first exchange every rank adopts the shared state anyway; after it,
+        # the next exchange first asks every rank whether it loaded too (STATE_LOADED).
+        self._state_sync_pending = True if self._state_sync_pending is True else "loaded"
         self._loaded = True

@@ -32,6 +32,10 @@ NONFINITE = 1
 SPARSE_GRADIENT = 2
 GRAPH_GRADIENT = 3
 PARAMS_CHANGED = 4
+#: This rank loaded an optimizer state since its last exchange, and must adopt the set's
+#: first rank's shared state before selecting. Every rank reporting it: they all adopt it
+#: and exchange again (:class:`StateReloaded`); some ranks only: an error on every rank.
+STATE_LOADED = 5
 CODE_BITS = 8  # the status integer: code | check << CODE_BITS
 #: A flag beside the code: this rank's ``a_t`` is small enough that no sum of the ranks'
 #: values can overflow (:meth:`~horovod_micro.reducer.SparseReducer.reduce` sets it);
@@ -53,6 +57,11 @@ STATUS_MESSAGES = {
 
 class CollectiveInputError(RuntimeError):
     """A rank reported, through the exchange, an input that no rank can proceed with."""
+
+
+class StateReloaded(Exception):
+    """Every rank reported :data:`STATE_LOADED`: the exchange stops before any value moved,
+    so that every rank adopts the set's first rank's state and exchanges again."""
 
 
 def with_check(code: int, check: int) -> int:
@@ -93,9 +102,18 @@ def raise_reported(codes: Sequence[int], checks: Sequence[int]) -> None:
     """Raise the same :class:`CollectiveInputError` on every rank if any rank reported an
     error code or the check words differ (every rank holds the same gathered lists)."""
     problems = [f"rank {r}: {STATUS_MESSAGES.get(c, f'status {c}')}"
-                for r, c in enumerate(codes) if c not in (OK, NONFINITE)]
+                for r, c in enumerate(codes) if c not in (OK, NONFINITE, STATE_LOADED)]
     disagreement = describe_disagreement(checks)
     if disagreement:
         problems.append(disagreement)
+    loaded = [r for r, c in enumerate(codes) if c == STATE_LOADED]
+    if loaded and len(loaded) < len(codes):
+        problems.append(
+            f"rank(s) {loaded} loaded an optimizer state (load_state_dict) that the other "
+            "ranks did not: load the checkpoint on every rank, or load it on one and then "
+            "call hvd.broadcast_parameters(model.state_dict(), root_rank=0) and "
+            "hvd.broadcast_optimizer_state(optimizer, root_rank=0) on every rank")
     if problems:
         raise CollectiveInputError("; ".join(problems))
+    if loaded:
+        raise StateReloaded()

@@ -317,3 +317,37 @@ def unbroadcast() -> dict:
                   moved=all(not torch.equal(a, p.detach())
                             for a, p in zip(start, model.parameters())))
     return result
+
+
+def reload_midway(path: str, who: str) -> dict:
+    """Six steps uninterrupted (the reference); then back to the checkpoint taken after
+    step 3, loaded on ``who`` ("every" rank, each its own, or rank "0" only, with no
+    broadcast), and steps 4-6 again. What the repeated steps raised, and whether they
+    reproduced the reference weights."""
+    model = _model()
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    opt = _wrap(model)
+    for t in range(3):
+        _backward(model, opt, t)
+        opt.step()
+    mine = path.format(rank=hvd.rank())
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, mine)
+    for t in range(3, 6):
+        _backward(model, opt, t)
+        opt.step()
+    reference = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    if who == "every" or hvd.rank() == 0:
+        saved = torch.load(mine, weights_only=False)
+        model.load_state_dict(saved["model"])
+        opt.load_state_dict(saved["opt"])
+
+    def again():
+        for t in range(3, 6):
+            _backward(model, opt, t)
+            opt.step()
+    result = _outcome(again)
+    if result["raised"] is None:
+        final = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+        result["max_difference"] = float((final - reference).abs().max())
+        result["iteration"] = opt.last_stats.iteration
+    return result

@@ -112,6 +112,31 @@ def test_weights_not_broadcast_train_as_with_horovod():
         assert "differ from those of the set's first rank" in "".join(warned) or r.rank
 
 
+def test_checkpoint_loaded_on_every_rank_midway_resumes_exactly(tmp_path):
+    """Every rank loads its own checkpoint after three exchanges: the next exchange finds
+    that every rank loaded, adopts rank 0's shared state, and the repeated steps give the
+    uninterrupted run's weights exactly."""
+    results = run_ranks("ranks_out_of_step:reload_midway", np=2,
+                        kwargs={"path": str(tmp_path / "ckpt-{rank}.pt"), "who": "every"})
+    for r in results:
+        assert r.value["raised"] is None, r.value
+        assert r.value["max_difference"] == 0.0 and r.value["iteration"] == 5, r.value
+
+
+def test_checkpoint_loaded_on_one_rank_only_is_refused_on_every_rank(tmp_path):
+    """Rank 0 alone loads a checkpoint and nothing is broadcast: the next exchange raises
+    the same error on every rank at once (no wait for a deadline)."""
+    results = run_ranks("ranks_out_of_step:reload_midway", np=2,
+                        kwargs={"path": str(tmp_path / "ckpt-{rank}.pt"), "who": "0"})
+    messages = {r.value["message"] for r in results}
+    assert [r.value["raised"] for r in results] == ["CollectiveInputError"] * 2, results
+    assert len(messages) == 1, messages
+    message = messages.pop()
+    assert "rank(s) [0] loaded an optimizer state" in message
+    assert "hvd.broadcast_optimizer_state" in message
+    assert all(r.value["seconds"] < 10 for r in results), results
+
+
 def test_float16_overflow_is_a_nonfinite_step():
     results = run_ranks("ranks_out_of_step:float16_overflow", np=2)
     steps = results[0].value["steps"]
