@@ -182,7 +182,13 @@ class Gathered:
 
     @property
     def counts(self) -> list[int]:
+        """What each rank's selection picked (what a density controller learns from)."""
         return [int(t.numel()) for t in self.per_rank]
+
+    @property
+    def sent_counts(self) -> list[int]:
+        """What each rank sent: :attr:`counts`, less what a capacity cut left behind."""
+        return self.counts
 
     def nonfinite(self) -> bool:
         return any(s == NONFINITE for s in self.statuses)
@@ -304,6 +310,10 @@ class SlotsGathered(SelectedCounts):
 
     slots: torch.Tensor | None = None
     valid: torch.Tensor | None = None
+
+    @property
+    def sent_counts(self) -> list[int]:
+        return [int(t.numel()) for t in self.per_rank]
 
 
 def slots_block(indices: torch.Tensor, status: int | torch.Tensor, count: torch.Tensor,

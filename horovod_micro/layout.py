@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from contextlib import contextmanager
 
 import torch
 
@@ -106,3 +107,42 @@ class FlatLayout:
     def signature(self) -> list[tuple[str, tuple[int, ...], str]]:
         """Names, shapes and dtypes; must be identical on every rank."""
         return [(n, tuple(p.shape), str(p.dtype)) for n, p in zip(self.names, self.params)]
+
+
+class FrozenSlices:
+    """The residual of parameters frozen after wrapping, set aside during an exchange.
+
+    A parameter frozen after wrapping (``requires_grad=False`` on every rank, which the
+    status word checks) gets no gradient and is skipped by the wrapped optimizer, but its
+    slice of the residual still holds what it had not sent. Left in ``a_t`` it would be
+    selected, sent (taking slots, bytes and density), cleared, and its aggregate dropped,
+    so unfreezing it later would not bring it back. :meth:`set_aside` zeroes those slices
+    of ``a_t`` before the selection (no rank selects there) and :meth:`restore` puts them
+    back into the residual after the exchange: the residual waits for the unfreezing.
+    Costs nothing while every parameter requires a gradient."""
+
+    def __init__(self, layout: FlatLayout, acc: torch.Tensor):
+        self._slices = [s for p, s in zip(layout.params, layout.slices) if not p.requires_grad]
+        self._saved = [acc[start:end].clone() for start, end in self._slices]
+        for start, end in self._slices:
+            acc[start:end].zero_()
+
+    def __bool__(self) -> bool:
+        return bool(self._slices)
+
+    def squared_norm(self) -> torch.Tensor | float:
+        """Their contribution to ``||a_t||^2``, removed from the norm the selection sees."""
+        return sum((torch.dot(s.double(), s.double()) for s in self._saved), 0.0)
+
+    def restore(self, residual: torch.Tensor) -> None:
+        for (start, end), saved in zip(self._slices, self._saved):
+            residual[start:end].copy_(saved)
+
+    @contextmanager
+    def restored_on_error(self, acc: torch.Tensor):
+        """Put the slices back into ``acc`` if the exchange inside raises."""
+        try:
+            yield
+        except BaseException:
+            self.restore(acc)
+            raise

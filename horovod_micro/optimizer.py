@@ -40,7 +40,7 @@ from .optimizer_state import CheckpointMethods
 from .reducer import SparseReducer
 from .shared_state import SharedStateMethods
 from .stats import StepStats
-from .status import OK, PARAMS_CHANGED, STATE_LOADED, CollectiveInputError, StateReloaded
+from .status import OK, PARAMS_CHANGED, CollectiveInputError
 from .validation import Arguments
 
 
@@ -141,18 +141,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if self._closed:
             raise RuntimeError("this horovod_micro DistributedOptimizer was closed (its "
                                "parameters were wrapped again, or close() was called)")
-        if self._included:
-            # This exchange's first collective waits for ranks that work alone between
-            # steps (the arrival deadline), its later ones only for the step itself.
+        if self._included:  # the next collective waits for ranks that work alone
             self._comm.begin_exchange()
         if self._included and (not self._checked
                                or self.process_set.size() != self._bound_size):
             self.rebind()
         if self._exchanged and self._reducer.grads_hold_the_aggregate():
             # Already exchanged, and no step(), zero_grad(), backward or new .grad since:
-            # the gradients are the aggregate, and a second sparse exchange would change
-            # them (dense exchanges run again, as Horovod's do: a second allreduce of
-            # equal averages changes nothing).
+            # a second sparse exchange would change the aggregate (dense ones run again,
+            # as Horovod's do: an allreduce of equal averages changes nothing).
             return
         try:
             change = self._parameter_change() if self._included else None
@@ -160,17 +157,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 if self._state_sync_pending is True:  # the first exchange: every rank
                     self._adopt_shared_state(check_parameters=True)
                 if self.grad_scaler is not None and self.grad_scaler.is_enabled():
-                    # synchronize() runs before unscale_: the residual is loss-scaled
-                    # (a host sync on a GPU, once a step)
+                    # before unscale_: the residual is loss-scaled (a GPU host sync)
                     self._reducer.follow_loss_scale(float(self.grad_scaler.get_scale()))
-                reported = (PARAMS_CHANGED if change
-                            else STATE_LOADED if self._state_sync_pending else OK)
                 try:
-                    try:
-                        self._reducer.reduce(reported)
-                    except StateReloaded:  # every rank loaded a state: adopt rank 0's, again
-                        self._adopt_shared_state(check_parameters=True)
-                        self._reducer.reduce(OK)
+                    self._reduce_adopting(PARAMS_CHANGED if change else OK)
                 except CollectiveInputError as error:
                     if change:
                         raise CollectiveInputError(f"{error} (this rank: {change})") from None

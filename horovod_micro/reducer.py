@@ -35,7 +35,7 @@ import torch
 
 from .compressors.base import Aggregate, Compressor, ReduceOp
 from .exchange import Comm, Traffic
-from .layout import FlatLayout
+from .layout import FlatLayout, FrozenSlices
 from .reducer_state import ReducerCheckpoint
 from .residual_views import ResidualViews
 from .selection import reads_wait
@@ -206,11 +206,14 @@ class SparseReducer(ReducerCheckpoint):
             self.residual, self.output, watching)
         if not in_place:  # a_t was written over the output's support
             self._written = None
+        frozen = FrozenSlices(self.layout, acc)  # parameters frozen after wrapping
         clock.lap("accumulate")
         if sq_norm is None:  # not squared on the way (zero-copy, or no native kernel)
             sq_norm = torch.dot(acc, acc)
             if not reads_wait(acc):  # a read costs nothing here
                 sq_norm = float(sq_norm)
+        elif frozen:
+            sq_norm = sq_norm - frozen.squared_norm()
         if reported != OK:
             status = reported
         word = status_word(acc, status, sq_norm, step_check(self.layout.params),
@@ -222,8 +225,9 @@ class SparseReducer(ReducerCheckpoint):
         clock.lap("select")
 
         traffic = Traffic()
-        reduced = self.compressor.exchange(acc, selection, word, self.iteration,
-                                           self.reduction, traffic)
+        with frozen.restored_on_error(acc):  # a_t kept whole
+            reduced = self.compressor.exchange(acc, selection, word, self.iteration,
+                                               self.reduction, traffic)
         clock.lap("exchange")
         if not in_place:  # a_t was built in the output buffer: the buffers trade roles
             self.residual, self.output = acc, self.residual
@@ -243,12 +247,14 @@ class SparseReducer(ReducerCheckpoint):
         if not self.compressor.error_feedback:
             self.residual.zero_()
             residual_norm = 0.0
+        elif frozen:  # back after the update, which may rewrite the whole residual
+            frozen.restore(self.residual)
         clock.lap("update")
         self._write_back()
         clock.lap("write_back")
         clock.split("exchange", traffic.by_role)
 
-        counts = reduced.gathered.counts
+        gathered = reduced.gathered
         threshold = reduced.threshold  # a device scalar is read when the statistic is
         stats = StepStats(
             iteration=self.iteration,
@@ -256,7 +262,8 @@ class SparseReducer(ReducerCheckpoint):
             numel=self.layout.numel,
             target_count=self.compressor.target_count,
             threshold=threshold.item if isinstance(threshold, torch.Tensor) else threshold,
-            rank_counts=counts,
+            rank_counts=gathered.sent_counts,
+            selected_counts=gathered.counts,
             global_count=int(reduced.indices.numel()),
             density=reduced.indices.numel() / self.layout.numel,
             target_density=self.compressor.density,

@@ -15,7 +15,7 @@ import horovod.torch as hvd
 import torch
 
 from .naming import built_alike
-from .status import CollectiveInputError
+from .status import OK, STATE_LOADED, CollectiveInputError, StateReloaded
 
 
 class SharedStateMethods:
@@ -42,6 +42,19 @@ class SharedStateMethods:
                                              "shared-state")
         self._reducer.load_shared_state(shared)
         self._state_sync_pending = False
+
+    def _reduce_adopting(self, reported: int) -> None:
+        """The sparse exchange; where this rank loaded a state since its last exchange, it
+        reports :data:`~horovod_micro.status.STATE_LOADED`. If every rank did (Horovod's
+        resume idiom), every rank adopts the first rank's shared state and exchanges
+        again; if some did, every rank raises the same error."""
+        if reported == OK and self._state_sync_pending:
+            reported = STATE_LOADED
+        try:
+            self._reducer.reduce(reported)
+        except StateReloaded:
+            self._adopt_shared_state(check_parameters=True)
+            self._reducer.reduce(OK)
 
     def _check_same_parameters(self) -> None:
         """Refuse, on every rank, models paired across ranks; warn about weights that were

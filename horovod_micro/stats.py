@@ -58,7 +58,10 @@ class StepStats:
         target_count: ``k = floor(density * N)`` (``N`` for dense methods).
         threshold: threshold used for this selection (``None`` where there is none); on a
             GPU it is read from the device on its first read, like ``residual_norm``.
-        rank_counts: coordinates each rank selected, by rank.
+        rank_counts: coordinates each rank sent, by rank.
+        selected_counts: coordinates each rank's selection picked, by rank: more than
+            ``rank_counts`` where a capacity cut kept the rest in the residual (MiCRO's
+            ``capacity``); the density controller learns from these.
         global_count: distinct coordinates whose aggregate was applied.
         density: ``global_count / numel``, the actual density.
         target_density: the user-set density (1.0 for dense methods).
@@ -91,6 +94,7 @@ class StepStats:
     target_count: int
     threshold: float | None = _OnRead()  # type: ignore[assignment]
     rank_counts: list[int] = field(default_factory=list)
+    selected_counts: list[int] = field(default_factory=list)
     global_count: int = 0
     density: float = 0.0
     target_density: float = 1.0
@@ -105,7 +109,8 @@ class StepStats:
 
     @property
     def load_imbalance(self) -> float:
-        """``max_r(k_r) * n / sum_r(k_r) - 1`` (ExDyna's ``load_inc``); 0 when balanced."""
+        """``max_r(k_r) * n / sum_r(k_r) - 1`` over the counts sent (ExDyna's
+        ``load_inc``); 0 when balanced."""
         total = sum(self.rank_counts)
         if total == 0 or not self.rank_counts:
             return 0.0

@@ -39,6 +39,7 @@ def exchange_trace(numel, iterations, density, seed=0, skew=0.0, op="average",
             "grad": grad.tolist(), "threshold": stats.threshold,
             "threshold_hex": float(stats.threshold).hex(),
             "rank_counts": stats.rank_counts, "global_count": stats.global_count,
+            "selected_counts": stats.selected_counts, "load_imbalance": stats.load_imbalance,
             "density": stats.density, "residual": residual.tolist(),
             "residual_norm": stats.residual_norm, "bytes_sent": stats.bytes_sent,
             "bytes_received": stats.bytes_received, "iteration": stats.iteration,
@@ -185,3 +186,15 @@ def negotiations(steps, capacity=None, density=0.01, method="micro", options=Non
         else:
             current += 1
     return {"per_step": per_step, "slots": getattr(opt._reducer.compressor, "slots", None)}
+
+
+def capacity_cut_warnings(iterations: int, capacity) -> dict:
+    """:func:`exchange_trace` with every warning this rank gave recorded."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trace = exchange_trace(1003, iterations, 0.02, seed=11, skew=3.0, capacity=capacity)
+    return {"warnings": [str(w.message) for w in caught],
+            "imbalance": [t["load_imbalance"] for t in trace],
+            "rank_counts": [t["rank_counts"] for t in trace]}

@@ -139,3 +139,31 @@ def grad_views(numel, iterations, seed=0):
                             "grad_is_view": param.grad._base is not None})
         out[f"set_to_none={set_to_none}"] = records
     return out
+
+
+def frozen_midway(method: str) -> dict:
+    """A two-layer MLP trained 3 steps, its last weight frozen on every rank for 3 steps,
+    then unfrozen for 2. Per step: that weight's values and its slice of the residual
+    (the public state_dict), whether it has a .grad, and the step's density."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    kwargs = {"density": 0.05} if method != "powersgd" else {"min_compression": 1}
+    compression = getattr(hvm.Compression, method)(**kwargs)
+    opt = hvm.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                   named_parameters=model.named_parameters(),
+                                   compression=compression)
+    gen = torch.Generator().manual_seed(100 + hvd.rank())
+    watched = model[2].weight
+    steps = []
+    for t in range(8):
+        watched.requires_grad_(not 3 <= t < 6)
+        x, y = torch.randn(8, 16, generator=gen), torch.randint(0, 4, (8,), generator=gen)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        steps.append({"weight": watched.detach().reshape(-1).tolist(),
+                      "residual": opt.state_dict()["horovod_micro"]["residual"].tolist(),
+                      "has_grad": watched.grad is not None,
+                      "density": opt.last_stats.density})
+    return {"steps": steps}

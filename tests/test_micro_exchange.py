@@ -44,7 +44,10 @@ def _check_against_simulation(results, n, numel, iterations, seed, skew, average
         for r in range(n):
             # Rank r selected only in the part it owns this iteration; parts are disjoint.
             assert set(want["selections"][r].tolist()) <= owned[r]
-            assert traces[r][t]["rank_counts"] == want["picked"]
+            # What each rank's threshold picked (the controller learns from it), and
+            # what it sent (less where the capacity cut).
+            assert traces[r][t]["selected_counts"] == want["picked"]
+            assert traces[r][t]["rank_counts"] == [len(s) for s in want["selections"]]
             got = torch.tensor(traces[r][t]["grad"])
             nz_got = set(torch.nonzero(got).view(-1).tolist())
             nz_want = set(torch.nonzero(want["grad"]).view(-1).tolist())
@@ -157,7 +160,8 @@ def test_overflow_keeps_the_highest_scores(np_, backend, judge, path):
                                        capacity=slots, judge=judge)
     for trace in traces:
         assert all(t["global_count"] == np_ * slots for t in trace)
-        assert all(sum(t["rank_counts"]) > np_ * slots for t in trace)
+        assert all(sum(t["selected_counts"]) > np_ * slots for t in trace)
+        assert all(t["rank_counts"] == [slots] * np_ for t in trace)
         block, allreduce = (np_ - 1) * 4 * (4 + slots), 2 * (np_ - 1) * 4 * slots
         assert _regathers(trace, block, block + allreduce) == (
             iterations if path == "torch" else 0)
@@ -250,3 +254,19 @@ def test_nonfinite_gradient_on_one_rank():
             assert rec["any_nonfinite"] == (t == 2)
             # ... while residual and threshold stay finite, so training can go on.
             assert rec["residual_finite"] and rec["threshold_finite"]
+
+
+@pytest.mark.parametrize("capacity,warned", [(4, True), (None, False)])
+def test_a_persistent_capacity_cut_is_reported(capacity, warned):
+    """Slots too few for the target every step (4 against about 10 per rank): the
+    statistics count what was sent (every slot, so no imbalance), and after ten such
+    exchanges the set's first rank warns once that the density sent stays below the
+    target. With the default capacity nothing is cut for long, and nothing is said."""
+    results = run_ranks("ranks_micro:capacity_cut_warnings", np=2,
+                        kwargs={"iterations": 12, "capacity": capacity})
+    for r in results:
+        said = [w for w in r.value["warnings"] if "capacity" in w and "cut" in w]
+        assert len(said) == (1 if warned and r.rank == 0 else 0), (r.rank, said)
+        if capacity is not None:
+            assert all(c == [capacity] * 2 for c in r.value["rank_counts"])
+            assert r.value["imbalance"] == [0.0] * 12

@@ -378,3 +378,24 @@ def test_grad_views_in_place_equal_fresh_grads():
                                        atol=1e-9)
             torch.testing.assert_close(torch.tensor(rec["residual"]),
                                        sim[t]["residual"][res.rank], rtol=1e-6, atol=1e-9)
+
+
+@pytest.mark.parametrize("method", ["micro", "topk", "powersgd"])
+def test_a_parameter_frozen_after_wrapping_keeps_its_residual(method):
+    """While ``2.weight`` is frozen (steps 3-5 on every rank) its leftover residual is
+    neither sent nor cleared and the weight does not move; unfrozen, its residual takes
+    part again. The weight's slice of the flat vector is counted here from the parameters
+    in name order (0.bias 32, 0.weight 512, 2.bias 4, then 2.weight's 128)."""
+    results = run_ranks("ranks_reducer_defects:frozen_midway", np=2, kwargs={"method": method})
+    start, end = 32 + 512 + 4, 32 + 512 + 4 + 128
+    for r in results:
+        steps = r.value["steps"]
+        held = steps[2]["residual"][start:end]
+        assert any(v != 0.0 for v in held), "a leftover residual to keep"
+        for t in (3, 4, 5):
+            assert not steps[t]["has_grad"]
+            assert steps[t]["weight"] == steps[2]["weight"], t
+            assert steps[t]["residual"][start:end] == held, (method, t)
+        # Unfrozen: the weight trains again, and its residual moves again.
+        assert steps[7]["weight"] != steps[5]["weight"]
+        assert steps[7]["residual"][start:end] != held

@@ -42,6 +42,7 @@ from ...selection import ThresholdSelector, index_bytes, index_dtype
 from ...stats import ring_allgather_bytes, ring_allreduce_bytes
 from ..base import Aggregate, Compressor, ReduceOp, Selection
 from ..registry import register
+from .capacity import CutWatch
 from .controller import ThresholdController
 from .density_controller import DensityController, PaperController
 from .device_choice import device_choice
@@ -195,6 +196,7 @@ class MicroCompressor(Compressor):
     def bind(self, numel, comm) -> None:
         super().bind(numel, comm)
         self.ages = DriftAges(numel, self.density) if self.judge == "drift" else None
+        self._cuts = CutWatch()  # warns where the capacity keeps the density sent low
         self._partition(comm.size)
         k, start = self.target_count, self.initial_threshold or 0.0
         if self.controller_name == "paper":
@@ -327,6 +329,7 @@ class MicroCompressor(Compressor):
         gathered = reduced.gathered
         self.controller.observe(list(gathered.counts), list(gathered.reports),
                                 [owned_part(r, self._iteration, n) for r in range(n)])
+        self._cuts.observe(gathered, self.comm.rank == 0, self.slots)
 
     def state_dict(self) -> dict:
         state = {"controller": self.controller.state_dict()}
