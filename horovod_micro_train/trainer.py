@@ -248,6 +248,7 @@ def train_step(ctx: Context, batches, epoch: int, step: int, steps: int, iterati
         "target_density": stats.target_density, "threshold": stats.threshold,
         "global_count": stats.global_count, "target_count": stats.target_count,
         "rank_counts": stats.rank_counts, "load_imbalance": stats.load_imbalance,
+        "selected_counts": stats.selected_counts, "momentum_masked": stats.momentum_masked,
         "bytes_sent": stats.bytes_sent, "bytes_received": stats.bytes_received,
         "residual_norm": stats.residual_norm if ctx.sparse else None,
         "grad_norm": grad_norm, "nonfinite": stats.nonfinite, "numel": stats.numel,
