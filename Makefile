@@ -15,7 +15,10 @@ run: setup
 	OMP_NUM_THREADS=1 $(HOROVODRUN) -np $(NP) -H localhost:$(NP) --gloo \
 		$(PY) -m horovod_micro_train --out $(OUT)
 
-test: setup
+# The tests also need the test machine's packages (tools/setup.sh, step 1c: sshd, SLURM,
+# iproute2), installed with their system services left off.
+test:
+	@HVM_CLUSTER_TOOLS=1 bash tools/setup.sh
 	$(PY) -m pytest -q
 
 # The documentation (docs/: Markdown pages and the API from docstrings), warnings as errors.

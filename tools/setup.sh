@@ -21,7 +21,8 @@
 #   HVM_PYTHON       interpreter the venv is made from (default: python3)
 #   HVM_DEPS_ONLY    1: stop after step 4 (dependencies only; docker/Dockerfile uses it so
 #                    the Horovod build stays a cached layer while the sources change)
-#   HVM_CLUSTER_TOOLS 0: skip step 1c, the test machine's packages (the image's last step)
+#   HVM_CLUSTER_TOOLS 1: also step 1c, the test machine's packages (sshd, SLURM, iproute2);
+#                    `make test` sets it, `make run` and the image do not
 #   HOROVOD_GPU_OPERATIONS=NCCL  build Horovod's GPU collectives too (the GPU image). The
 #                    set-up then also requires nccl_built(), and the wheel cache key gets a
 #                    "-nccl" suffix so a CPU-only wheel is never reused for it. Horovod's
@@ -63,13 +64,14 @@ if [ ! -d /usr/share/datasets/fashion-mnist ]; then
     DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -q dataset-fashion-mnist
 fi
 
-# 1c. The emulated cluster (horovod_micro/testing/cluster.py: ip/tc, nsenter/unshare, sshd and ssh) and
-#     the throwaway single-node SLURM of tests/test_jobs_slurm.py (slurmctld, slurmd,
-#     sbatch), from Debian's packages. Not for the image (HVM_DEPS_ONLY=1, then
-#     HVM_CLUSTER_TOOLS=0). Note: on a machine that runs systemd, Debian's packages also
-#     enable their services (the system sshd on port 22; slurmctld/slurmd, which fail
-#     without /etc/slurm/slurm.conf).
-if [ "${HVM_DEPS_ONLY:-0}" != 1 ] && [ "${HVM_CLUSTER_TOOLS:-1}" != 0 ]; then
+# 1c. The test machine's packages, for `make test` only (HVM_CLUSTER_TOOLS=1): the emulated
+#     cluster of the tests (ip/tc, nsenter/unshare, sshd and ssh) and the throwaway
+#     single-node SLURM of tests/test_jobs_slurm.py (slurmctld, slurmd, sbatch), from
+#     Debian's packages. The tests start their own sshd and SLURM daemons on their own
+#     ports; the system's services stay off: a policy-rc.d keeps the packages from starting
+#     them while they install, and their units are disabled after, so that no SSH server on
+#     port 22 and no SLURM daemon comes up at the next boot of a machine that runs systemd.
+if [ "${HVM_DEPS_ONLY:-0}" != 1 ] && [ "${HVM_CLUSTER_TOOLS:-0}" = 1 ]; then
     missing=()
     { command -v ip && command -v tc; } >/dev/null 2>&1 || missing+=(iproute2)
     { command -v nsenter && command -v unshare && command -v setpriv; } >/dev/null 2>&1 \
@@ -79,10 +81,28 @@ if [ "${HVM_DEPS_ONLY:-0}" != 1 ] && [ "${HVM_CLUSTER_TOOLS:-1}" != 0 ]; then
     { command -v slurmctld && command -v slurmd && command -v sbatch; } >/dev/null 2>&1 \
         || missing+=(slurm-wlm)
     if [ "${#missing[@]}" -gt 0 ]; then
-        log "installing ${missing[*]} from Debian's packages"
+        log "installing ${missing[*]} from Debian's packages (their services left off)"
         as_root apt-get update -q
+        policy=/usr/sbin/policy-rc.d
+        placed=0
+        if [ ! -e "$policy" ]; then
+            printf '#!/bin/sh\n# tools/setup.sh: no service starts while it installs\nexit 101\n' \
+                | as_root tee "$policy" >/dev/null
+            as_root chmod 755 "$policy"
+            placed=1
+        fi
         DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -q --no-install-recommends \
-            "${missing[@]}"
+            "${missing[@]}" || { [ "$placed" = 1 ] && as_root rm -f "$policy"; exit 1; }
+        [ "$placed" = 1 ] && as_root rm -f "$policy"
+    fi
+    # systemctl reads and edits the unit links without a running systemd (containers too).
+    if command -v systemctl >/dev/null 2>&1; then
+        for unit in ssh.service ssh.socket slurmctld.service slurmd.service munge.service; do
+            if systemctl is-enabled --quiet "$unit" 2>/dev/null; then
+                log "disabling the system's $unit (the tests run their own daemons)"
+                as_root systemctl disable --quiet "$unit" 2>/dev/null || true
+            fi
+        done
     fi
 fi
 
