@@ -104,3 +104,50 @@ def bad_rank_on_one_rank() -> dict:
     except (ValueError, hvm.CollectiveInputError) as error:
         return {"error": f"{type(error).__name__}: {error}"}
     return {"error": None}
+
+
+def zero_successor(method: str, steps: int = 3) -> dict:
+    """A 256-256-4 MLP whose last layer starts at zero: at step 0 the first layer's
+    gradient is exactly zero. Per step: how far the first layer's weight has moved from
+    its start, and its gradient's norm after the exchange."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(),
+                                torch.nn.Linear(256, 4))
+    torch.nn.init.zeros_(model[2].weight)
+    torch.nn.init.zeros_(model[2].bias)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    compression = hvm.Compression.powersgd() if method == "powersgd" else hvm.Compression.none
+    opt = hvm.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters(),
+                                   compression=compression)
+    start = model[0].weight.detach().clone()
+    gen = torch.Generator().manual_seed(10 + hvd.rank())
+    moved, grad_norms = [], []
+    for _ in range(steps):
+        x, y = torch.randn(32, 256, generator=gen), torch.randint(0, 4, (32,), generator=gen)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.synchronize()
+        grad_norms.append(float(model[0].weight.grad.norm()))
+        with opt.skip_synchronize():
+            opt.step()
+        moved.append(float((model[0].weight.detach() - start).abs().max()))
+    return {"moved": moved, "grad_norms": grad_norms}
+
+
+def float16_factors(fp16_values: bool, steps: int = 8, scale: float = 16.0) -> dict:
+    """A 64 x 32 weight whose gradient is the same each step on each rank, with entries of
+    about ``scale`` (far inside float16's 65504; error feedback adds up what rank 1 leaves
+    behind): per step, whether the exchange came out non-finite."""
+    weight = torch.nn.Parameter(torch.zeros(64, 32))
+    opt = hvm.DistributedOptimizer(
+        torch.optim.SGD([weight], lr=1e-6), named_parameters=[("w", weight)],
+        compression=hvm.Compression.powersgd(fp16_values=fp16_values))
+    gradient = scale * torch.randn(64, 32, generator=torch.Generator().manual_seed(20 + hvd.rank()))
+    nonfinite = []
+    for _ in range(steps):
+        opt.zero_grad()
+        (weight * gradient).sum().backward()
+        opt.step()
+        nonfinite.append(bool(opt.last_stats.nonfinite))
+    return {"nonfinite": nonfinite}

@@ -53,7 +53,8 @@ def simulate_powersgd(grads, shapes, rank: int, seed: int = 0, average: bool = T
     (list per parameter), in float64. Before ``start_iteration`` the step is the plain
     average (the residual is sent whole) and Q waits."""
     n = len(grads[0])
-    qs = initial_qs(shapes, rank, seed, min_compression)
+    first = initial_qs(shapes, rank, seed, min_compression)
+    qs = [None if q is None else q.clone() for q in first]
     residuals = [[torch.zeros(s, dtype=torch.float64) for s in shapes] for _ in range(n)]
     out = []
     for t, step in enumerate(grads):
@@ -67,7 +68,13 @@ def simulate_powersgd(grads, shapes, rank: int, seed: int = 0, average: bool = T
                     residuals[w][i] = torch.zeros(shape, dtype=torch.float64)
                 continue
             mats = [m.reshape(shape[0], -1) for m in ms]
-            p = _orthonormal(sum(m @ qs[i] for m in mats))
+            # The warm start: the kept Q with orthonormal columns; where one of its
+            # columns is zero or not finite (after a step whose gradient was zero), the
+            # first Q again.
+            q = qs[i]
+            if not bool(torch.isfinite(q).all()) or bool((q.norm(dim=0) == 0).any()):
+                q = first[i]
+            p = _orthonormal(sum(m @ _orthonormal(q) for m in mats))
             local_q = [m.T @ p for m in mats]
             total_q = sum(local_q)
             aggregate.append((p @ total_q.T / (n if average else 1)).reshape(shape))

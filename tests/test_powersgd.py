@@ -151,3 +151,25 @@ def test_the_default_leaves_a_classifier_whole_and_compresses_the_large_matrices
         got = [(m.rows, m.cols) for m in matrices]
         assert got == [s for s in shapes[:-2] if len(s) == 2], (widths, got)
         assert [s for s in shapes if compressed(s, rank)] == [tuple(g) for g in got]
+
+
+def test_a_layer_after_a_zero_gradient_step_trains_as_with_dense():
+    """The first layer's gradient is exactly zero at step 0 (its successor starts at
+    zero). Dense moves it from step 1 on; so must PowerSGD: its warm-start Q, the mean of a
+    zero M^T P, restarts from the first Q instead of staying 0 (P = M Q = 0 for ever)."""
+    dense = run_ranks("ranks_powersgd:zero_successor", np=2, kwargs={"method": "none"})
+    low_rank = run_ranks("ranks_powersgd:zero_successor", np=2, kwargs={"method": "powersgd"})
+    for d, p in zip(dense, low_rank):
+        assert d.value["moved"][0] == 0.0 and d.value["moved"][1] > 0, d.value
+        assert p.value["moved"][0] == 0.0, p.value
+        assert p.value["grad_norms"][1] > 0 and p.value["moved"][1] > 0, p.value
+
+
+@pytest.mark.parametrize("fp16_values", [True, False])
+def test_float16_factors_stay_finite_on_modest_gradients(fp16_values):
+    """Gradient entries of about 16 (4,000 times below float16's 65504): the factors are
+    of the gradient's scale (Q orthonormal), so float16 on the wire never overflows."""
+    results = run_ranks("ranks_powersgd:float16_factors", np=2,
+                        kwargs={"fp16_values": fp16_values})
+    for r in results:
+        assert r.value["nonfinite"] == [False] * 8, r.value

@@ -13,7 +13,8 @@ residual, as for every method of this package), each parameter viewed as a matri
 of ``m = shape[0]`` rows and ``c = numel / m`` columns:
 
 1. ``P_w = M_w Q`` with the ``c x r`` matrix ``Q`` every rank holds alike (warm start: the
-   previous step's averaged ``Q``; at the first step drawn from ``seed``);
+   previous step's averaged ``Q``, orthonormalised, and drawn again from ``seed`` where a
+   column of it is zero or not finite; at the first step drawn from ``seed``);
 2. one allreduce sums the ``P_w`` of every matrix at once, together with the tensors that
    go uncompressed (below); ``P`` is orthonormalised (Gram-Schmidt over its ``r``
    columns, on the device, no host read);
@@ -133,6 +134,7 @@ class PowerSGDCompressor(Compressor):
         self._all: torch.Tensor | None = None  # arange(N): the aggregate covers everything
         self._next_q: torch.Tensor | None = None  # this step's averaged Q, kept on success
         self._out: tuple[torch.Tensor, torch.Tensor] | None = None  # see _buffers
+        self._first: torch.Tensor | None = None  # the first Q, where a matrix restarts
 
     # ----- configuration -------------------------------------------------------------
     def config(self) -> dict:
@@ -213,6 +215,29 @@ class PowerSGDCompressor(Compressor):
         return torch.randn(self.q_numel, generator=gen, dtype=torch.float64).to(
             dtype=like.dtype, device=like.device)
 
+    def _usable(self, q: torch.Tensor, acc: torch.Tensor) -> torch.Tensor:
+        """The warm start's ``Q``, made fit for ``P = M Q``, matrix by matrix, in place:
+
+        * orthonormal: the kept ``Q`` is the ranks' mean ``M^T P``, of the gradient's
+          scale, so ``P = M Q`` would grow with its square (float16 factors overflow on
+          entries of about 16). ``P`` spans the same columns either way, so the
+          approximation is unchanged; only its scale on the wire is;
+        * restarted from the first ``Q`` where a column is zero or not finite: a step whose
+          gradient was exactly zero for a matrix (a zero-initialised layer, one frozen for a
+          while) leaves ``Q = 0``, and then ``P = M Q = 0`` for ever.
+
+        ``Q`` is the same on every rank, so every rank decides alike; on the device, with no
+        host read."""
+        if self._first is None or self._first.device != acc.device \
+                or self._first.dtype != acc.dtype:
+            self._first = self._initial_q(0, acc)
+        for m in self.matrices:
+            block = self._q_of(q, m)
+            fit = torch.isfinite(block).all() & (torch.linalg.vector_norm(block, dim=0) > 0).all()
+            block.copy_(torch.where(fit, block, self._q_of(self._first, m)))
+            orthonormalize_(block)
+        return q
+
     def select(self, acc: torch.Tensor, iteration: int) -> Selection:
         # Nothing to choose: every coordinate gets an aggregate. Only the status header
         # travels in the shared index gather (no indices announced).
@@ -244,7 +269,7 @@ class PowerSGDCompressor(Compressor):
         if self.q is None or not self.warm_start:
             q = self._initial_q(iteration, acc)
         else:
-            q = self.q.to(device=acc.device, dtype=acc.dtype)
+            q = self._usable(self.q.to(device=acc.device, dtype=acc.dtype, copy=True), acc)
         dense = self._uncompressed
         # First allreduce: every matrix's P = M Q, then the uncompressed entries.
         first = torch.empty(self.p_numel + dense.numel(), dtype=acc.dtype, device=acc.device)
