@@ -73,3 +73,15 @@ def test_a_micro_step_synchronises_the_host_once(tmp_path):
     result = json.loads(out.read_text())
     assert result["per_step"] <= 1.0, result["rows"]
     assert all(row["file"].endswith("exchange.py") for row in result["rows"]), result["rows"]
+
+
+def test_a_checkpoint_resumed_on_cuda_equals_the_uninterrupted_run(tmp_path):
+    """MiCRO with the drift judge on a CUDA rank: a checkpoint loaded onto the host and
+    resumed gives the uninterrupted run's weights exactly (the ages move to the GPU with
+    their values; they were replaced by zeros)."""
+    results = run_ranks("ranks_out_of_step:reload_midway", np=1, backend="gloo",
+                        kwargs={"path": str(tmp_path / "ckpt-{rank}.pt"), "who": "every",
+                                "device": "cuda"})
+    for r in results:
+        assert r.value["raised"] is None, r.value
+        assert r.value["max_difference"] == 0.0 and r.value["iteration"] == 5, r.value

@@ -319,14 +319,22 @@ def unbroadcast() -> dict:
     return result
 
 
-def reload_midway(path: str, who: str) -> dict:
+def reload_midway(path: str, who: str, device: str = "cpu") -> dict:
     """Six steps uninterrupted (the reference); then back to the checkpoint taken after
     step 3, loaded on ``who`` ("every" rank, each its own, or rank "0" only, with no
-    broadcast), and steps 4-6 again. What the repeated steps raised, and whether they
-    reproduced the reference weights."""
-    model = _model()
+    broadcast) onto the host first (``map_location="cpu"``, as a resume on another machine
+    does), and steps 4-6 again, the model on ``device``. What the repeated steps raised,
+    and whether they reproduced the reference weights."""
+    model = _model().to(device)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     opt = _wrap(model)
+
+    def _backward(model, opt, t):
+        gen = torch.Generator().manual_seed(100 * hvd.rank() + t)
+        x, y = torch.randn(8, 16, generator=gen), torch.randint(0, 4, (8,), generator=gen)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x.to(device)), y.to(device)).backward()
+
     for t in range(3):
         _backward(model, opt, t)
         opt.step()
@@ -337,7 +345,7 @@ def reload_midway(path: str, who: str) -> dict:
         opt.step()
     reference = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     if who == "every" or hvd.rank() == 0:
-        saved = torch.load(mine, weights_only=False)
+        saved = torch.load(mine, weights_only=False, map_location="cpu")
         model.load_state_dict(saved["model"])
         opt.load_state_dict(saved["opt"])
 

@@ -159,3 +159,43 @@ def test_drift_ages_are_capped_before_their_stamps_wrap():
                                                      (1, 5_000, AGE_CAP, AGE_CAP)]
     micro.ages.cap(later + 1)
     assert ages(micro.ages.last, later + 1).max() == AGE_CAP
+
+
+def _true_ages(last: torch.Tensor, now: int) -> list[int]:
+    """Ages from 16-bit stamps, restated: ``(now - stamp) mod 2^16``."""
+    return [(now - int(s)) % 65536 for s in last.tolist()]
+
+
+def test_drift_ages_move_to_the_gradients_device_with_their_values():
+    """Stamps loaded on the host (a checkpoint) and then asked for on the gradient's
+    device keep their values: they were replaced by zeros, so a resumed GPU run lost
+    every age. ``cpu:0`` stands in for a second device (torch holds it unequal to
+    ``cpu``); gpu_tests/ checks CUDA."""
+    import horovod_micro as hvm
+    from horovod_micro.compressors.micro.drift import stamps
+    from horovod_micro.testing.loopback import LoopbackGroup
+
+    micro = hvm.Compression.micro(density=0.5)
+    micro.bind(4, LoopbackGroup(1).comm(0))
+    now = 70_000
+    micro.ages.load_state_dict(stamps(torch.tensor([now - 1, now - 7, now - 300, now - 2])))
+    last = micro.ages.at(torch.device("cpu:0"), now)
+    assert _true_ages(last, now) == [1, 7, 300, 2]
+
+
+def test_no_drift_age_is_zero_where_the_stamps_wrap():
+    """Stamps of zero judged at a multiple of 2^16 iterations (what a state written
+    before the first selection gives there): every age would be 0, every score infinite or
+    NaN. A zero age is a full wrap: the cap makes it AGE_CAP, and the scores are finite."""
+    import horovod_micro as hvm
+    from horovod_micro.compressors.micro.drift import AGE_CAP, drift_scores
+    from horovod_micro.testing.loopback import LoopbackGroup
+
+    micro = hvm.Compression.micro(density=0.5)
+    micro.bind(4, LoopbackGroup(1).comm(0))
+    now = 3 * 65536
+    micro.ages.load_state_dict(torch.zeros(4, dtype=torch.int16))
+    last = micro.ages.at(torch.device("cpu"), now)
+    assert _true_ages(last, now) == [AGE_CAP] * 4
+    scores = drift_scores(torch.tensor([1.0, -2.0, 0.0, 3.0]), last, now, 2.0)
+    assert bool(torch.isfinite(scores).all()), scores

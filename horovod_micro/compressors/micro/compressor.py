@@ -55,6 +55,31 @@ CONTROLLERS = ("bounded", "scale", "newton", "paper")
 #: What the owner ranks its part by (``judge=``): the first is the default of the per-part
 #: controllers; the shared-threshold ones (newton, paper) judge the magnitude only.
 JUDGES = ("drift", "magnitude")
+
+
+def default_judge(controller: str, error_feedback) -> str:
+    """The drift judge with a per-part controller and error feedback, else the magnitude:
+    the drift judge's age says how long the residual has been accumulating, and without
+    one a value is a single step's gradient."""
+    per_part = controller in ("bounded", "scale")
+    return "drift" if per_part and error_feedback is not False else "magnitude"
+
+
+def judge_error(judge, controller: str, error_feedback) -> str | None:
+    """Why ``judge`` cannot serve ``controller`` (with or without error feedback), or None."""
+    if judge not in JUDGES:
+        return (f"micro: unknown judge {judge!r}; choose one of "
+                f"{', '.join(repr(j) for j in JUDGES)}")
+    if judge == "drift" and error_feedback is False:
+        return ("micro: judge='drift' needs error feedback: it divides a coordinate's "
+                "accumulation by its age, and without a residual a value is one step's "
+                "gradient, so the coordinates sent last step would win again and again "
+                "(pass judge='magnitude', or leave judge unset)")
+    if judge == "drift" and controller not in ("bounded", "scale"):
+        return (f"micro: judge='drift' needs a per-part controller ('bounded' or "
+                f"'scale'); controller={controller!r} shares one threshold of |a| (pass "
+                "judge='magnitude')")
+    return None
 #: The default capacity per rank, as a multiple of a part's share of ``k``: the bounded
 #: controller holds each owner's count within about 10 % of its part's target, so 1.2
 #: leaves room and keeps the bytes within 1.2x those of exact sizes.
@@ -109,8 +134,10 @@ class MicroCompressor(Compressor):
             with the per-part controllers), ``|a_i| * sqrt(wait / age_i)``
             (:class:`~horovod_micro.compressors.micro.drift.DriftSelector`), so a
             coordinate whose gradient keeps its sign wins over one whose residual is a
-            random walk of one worker's noise; ``"magnitude"``, ``|a_i|``, as published.
-            Still one threshold pass; the ages cost 2 bytes per coordinate.
+            random walk of one worker's noise; ``"magnitude"``, ``|a_i|``, as published
+            (the default without error feedback, where the drift judge is refused: there an
+            age says nothing of the value). Still one threshold pass; the ages cost 2 bytes
+            per coordinate.
         momentum_masking: clear the wrapped optimizer's momentum where an aggregate
             arrived, after each step (:mod:`horovod_micro.momentum`): momentum re-applies
             a coordinate's burst for about ``1 / (1 - m)`` steps, which at the scaled
@@ -147,8 +174,7 @@ class MicroCompressor(Compressor):
         self.initial_threshold = initial_threshold
         self.capacity = capacity
         self.controller_name = controller
-        self.judge = judge if judge is not None else (
-            "drift" if controller in ("bounded", "scale") else "magnitude")
+        self.judge = judge if judge is not None else default_judge(controller, error_feedback)
         self.ages: DriftAges | None = None  # the drift judge's, made in bind
         self.controller: ThresholdController | None = None
         self.bounds: list[tuple[int, int]] = []
@@ -173,13 +199,9 @@ class MicroCompressor(Compressor):
         if name not in CONTROLLERS:
             return (f"micro: unknown controller {name!r}; choose one of "
                     f"{', '.join(repr(c) for c in CONTROLLERS)}")
-        if self.judge not in JUDGES:
-            return (f"micro: unknown judge {self.judge!r}; choose one of "
-                    f"{', '.join(repr(j) for j in JUDGES)}")
-        if self.judge == "drift" and name not in ("bounded", "scale"):
-            return (f"micro: judge='drift' needs a per-part controller ('bounded' or "
-                    f"'scale'); controller={name!r} shares one threshold of |a| (pass "
-                    "judge='magnitude')")
+        error = judge_error(self.judge, name, self.error_feedback)
+        if error:
+            return error
         c = self.capacity
         if not (c is None or c == "exact"
                 or (isinstance(c, int) and not isinstance(c, bool) and c >= 1)):

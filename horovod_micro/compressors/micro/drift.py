@@ -83,8 +83,10 @@ class DriftAges:
 
     def at(self, device: torch.device, now: int) -> torch.Tensor:
         """The stamps, on ``device``, with ages capped for iteration ``now``."""
-        if self.last is None or self.last.device != device:
+        if self.last is None:
             self.last = torch.zeros(self.numel, dtype=torch.int16, device=device)
+        elif self.last.device != device:  # loaded on the host, used on a GPU: moved, kept
+            self.last = self.last.to(device)
         self.cap(now)
         return self.last
 
@@ -97,10 +99,16 @@ class DriftAges:
         """Ages above AGE_CAP become AGE_CAP: one pass over N every AGE_RECAP iterations
         (and at the first selection after a load), so that no age reaches 2^16 and the
         16-bit stamps stay exact. A coordinate left that long scores as if it had waited
-        AGE_CAP iterations, which changes its score by less than the noise it judges."""
+        AGE_CAP iterations, which changes its score by less than the noise it judges.
+        Also after stamps were moved to another device (a load on the host before a GPU
+        step), since ``_capped_at`` is reset by a load."""
         if self._capped_at is not None and now - self._capped_at < AGE_RECAP:
             return
-        old = ages(self.last, now) > AGE_CAP
+        age = ages(self.last, now)
+        # An age of 0 is a full wrap of the stamps (a coordinate restarts at the step's
+        # now, and is judged from the next one on, at an age of 1 at least): stamps loaded
+        # or made at a multiple of 2^16 iterations. Overdue as well; 0 would divide by 0.
+        old = (age > AGE_CAP) | (age == 0)
         self.last.masked_fill_(old, stamp(now - AGE_CAP))
         self._capped_at = now
 
