@@ -8,6 +8,7 @@ the compressor's settings, and how many such optimizers the process built before
 from __future__ import annotations
 
 import hashlib
+import numbers
 from collections import Counter
 
 import torch
@@ -22,6 +23,21 @@ from .layout import FlatLayout
 _built: Counter = Counter()
 
 
+def canonical(value):
+    """``value`` with every real number as a float, in containers too: settings that the
+    collective check holds equal (``16 == 16.0``, ``np.int64(2) == 2``) must also name the
+    collectives alike, or the ranks wait in differently named ones."""
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, numbers.Real):
+        return float(value)
+    if isinstance(value, dict):
+        return {k: canonical(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [canonical(v) for v in value]
+    return value
+
+
 def collective_prefix(set_id: int, layout: FlatLayout, compression) -> str:
     """Names for this optimizer's collectives, from what every rank of the set shares.
 
@@ -31,7 +47,7 @@ def collective_prefix(set_id: int, layout: FlatLayout, compression) -> str:
     numbers of optimizers for other process sets still name the same collective alike.
     """
     config = compression.config() if isinstance(compression, Compressor) else repr(compression)
-    digest = hashlib.sha1(repr((layout.signature(), config)).encode()).hexdigest()[:10]
+    digest = hashlib.sha1(repr((layout.signature(), canonical(config))).encode()).hexdigest()[:10]
     key = (set_id, digest)
     _built[key] += 1
     return f"hvm.ps{set_id}.{digest}.{_built[key] - 1}"

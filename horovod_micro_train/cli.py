@@ -13,6 +13,8 @@ import argparse
 import ast
 from collections.abc import Sequence
 
+import horovod_micro as hvm
+from horovod_micro.compression import takes_density
 from horovod_micro.compressors.registry import compressor_names
 
 
@@ -169,6 +171,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Parse ``argv`` and fill the unset flags from the dataset's recipe."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    density_given = args.density is not None
     for key, value in RECIPES[args.dataset].items():
         if getattr(args, key) is None:
             setattr(args, key, value)
@@ -176,6 +179,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error(f"--threads must be at least 1, got {args.threads}")
     if args.density is not None and not 0.0 < args.density <= 1.0:
         parser.error(f"--density must be in (0, 1], got {args.density}")
+    factory = getattr(hvm.Compression, args.compressor, None)
+    if factory is not None and not takes_density(factory):
+        # A dense method or PowerSGD (a rank): no density applies, and none is recorded.
+        if density_given:
+            parser.error(f"--density applies to the methods that take a density, not "
+                         f"--compressor {args.compressor}")
+        args.density = None
     if args.elastic and args.resume:
         parser.error("--resume cannot be combined with --elastic (a checkpoint holds one "
                      "residual per rank of a fixed world size)")

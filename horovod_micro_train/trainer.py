@@ -73,6 +73,10 @@ def build_compression(name: str, density: float, controller: str | None = None,
             raise TrainError(f"{flag} applies to {applies}, not --compressor {name}")
         extra[key] = value
     for key, value in options:
+        if key in extra:
+            flag = {"rank": "--powersgd-rank"}.get(key, f"--{key.replace('_', '-')}")
+            raise TrainError(f"--compressor-option {key}={value!r} and {flag} {extra[key]!r} "
+                             "both set it: give one")
         if key not in params or key == "density":
             takes = ", ".join(k for k in params if k != "density") or "nothing"
             raise TrainError(f"--compressor-option {key}: Compression.{name} takes no {key} "

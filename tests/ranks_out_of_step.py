@@ -359,3 +359,33 @@ def reload_midway(path: str, who: str, device: str = "cpu") -> dict:
         result["max_difference"] = float((final - reference).abs().max())
         result["iteration"] = opt.last_stats.iteration
     return result
+
+
+def settings_alike(method: str) -> dict:
+    """The same setting written as an int on rank 0 and a float on rank 1 (PowerSGD's
+    ``min_compression`` 16 / 16.0, MiCRO's ``initial_threshold`` 1 / 1.0, as
+    ``np.int64`` on rank 0 for the integral ones): three steps, what they raised, how long
+    they took, and whether the weights agree."""
+    import numpy as np
+
+    first = hvd.rank() == 0
+    if method == "powersgd":
+        compression = hvm.Compression.powersgd(rank=np.int64(1) if first else 1,
+                                               min_compression=16 if first else 16.0)
+    else:
+        compression = hvm.Compression.micro(density=0.05, controller="newton",
+                                            judge="magnitude",
+                                            initial_threshold=1 if first else 1.0)
+    model = _model()
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    opt = _wrap(model, compression)
+
+    def body():
+        for t in range(3):
+            _backward(model, opt, t)
+            opt.step()
+    result = _outcome(body)
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    everyone = hvd.allgather(flat.unsqueeze(0), name="weights")
+    result["same_weights"] = bool((everyone == everyone[0]).all())
+    return result

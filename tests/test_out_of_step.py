@@ -137,6 +137,33 @@ def test_checkpoint_loaded_on_one_rank_only_is_refused_on_every_rank(tmp_path):
     assert all(r.value["seconds"] < 10 for r in results), results
 
 
+@pytest.mark.parametrize("method", ["powersgd", "micro"])
+def test_settings_equal_in_value_but_not_in_type_train(method):
+    """16 on one rank and 16.0 on another (np.int64 beside int) are one setting: the
+    collective check held them equal while the collectives' names differed, and the
+    ranks waited in different collectives until the deadline."""
+    results = run_ranks("ranks_out_of_step:settings_alike", np=2, kwargs={"method": method})
+    for r in results:
+        assert r.value["raised"] is None, r.value
+        assert r.value["same_weights"] and r.value["seconds"] < 30, r.value
+
+
+def test_collective_names_use_the_settings_canonical_form():
+    from horovod_micro.naming import canonical
+
+    # What the names hash: the canonical form's repr.
+    assert repr(canonical({"a": 16, "b": [1, np.int64(2)], "c": "x", "d": True, "e": None})) \
+        == repr(canonical({"a": 16.0, "b": (1.0, 2.0), "c": "x", "d": True, "e": None}))
+    assert repr(canonical({"d": True})) != repr(canonical({"d": 1}))
+    micro = hvm.Compression.micro(density=0.01, capacity=np.int64(5))
+    assert micro.capacity == 5 and type(micro.capacity) is int
+    assert micro.config_error() is None
+    psgd = hvm.Compression.powersgd(rank=np.int64(2), min_compression=np.float32(4))
+    assert (psgd.rank, psgd.min_compression) == (2, 4.0) and psgd.config_error() is None
+    with pytest.raises(ValueError, match="rank must be a positive integer"):
+        hvm.Compression.powersgd(rank=np.bool_(True))
+
+
 def test_float16_overflow_is_a_nonfinite_step():
     results = run_ranks("ranks_out_of_step:float16_overflow", np=2)
     steps = results[0].value["steps"]

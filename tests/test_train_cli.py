@@ -105,3 +105,19 @@ def test_compressor_options_reach_any_method():
         build_compression("micro", 0.01, options=[("density", 0.1)])
     with pytest.raises(SystemExit):
         parse_args(["--compressor-option", "rank"])
+
+
+def test_settings_that_do_not_apply_are_refused(capsys):
+    """No density applies to PowerSGD or a dense method: ``--density`` with them is refused
+    (as ``--capacity`` with another method is), and the recorded configuration holds no
+    density; a keyword set by its flag and by ``--compressor-option`` at once is refused."""
+    for method in ("powersgd", "none"):
+        with pytest.raises(SystemExit):
+            parse_args(["--compressor", method, "--density", "0.5"])
+        assert "--density applies to the methods that take a density" in capsys.readouterr().err
+        assert parse_args(["--compressor", method]).density is None
+    assert parse_args(["--compressor", "micro"]).density == 0.01  # the recipe's
+    with pytest.raises(TrainError, match="rank=2 and --powersgd-rank 4 both set it"):
+        build_compression("powersgd", None, powersgd_rank=4, options=[("rank", 2)])
+    with pytest.raises(TrainError, match="judge='drift' and --judge 'magnitude'"):
+        build_compression("micro", 0.01, judge="magnitude", options=[("judge", "drift")])

@@ -38,6 +38,23 @@ from ..selection import index_bytes
 from ..stats import ring_allgather_bytes
 
 
+def as_int(value):
+    """An integral setting as a Python int (``np.int64(2)`` is 2); anything else, a bool
+    included, unchanged for the settings check to judge. Every rank then names and compares
+    the same value alike (``16`` and ``np.int64(16)``)."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    return value
+
+
+def as_float(value):
+    """A real-valued setting as a Python float (``16`` and ``16.0`` are one setting, named
+    alike on every rank); anything else, a bool included, unchanged."""
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return float(value)
+    return value
+
+
 @dataclass
 class Selection:
     """This rank's choice for one step, as :meth:`Compressor.select` returns it.

@@ -62,7 +62,7 @@ import torch
 from ..exchange import SelectedCounts, Traffic, allreduce_values
 from ..selection import index_dtype
 from ..stats import ring_allreduce_bytes
-from .base import Aggregate, Compressor, ReduceOp, Selection
+from .base import Aggregate, Compressor, ReduceOp, Selection, as_float, as_int
 from .registry import register
 
 
@@ -121,11 +121,11 @@ class PowerSGDCompressor(Compressor):
                  warm_start: bool = True, start_iteration: int = 0, seed: int = 0,
                  error_feedback: bool = True, fp16_values: bool = False):
         super().__init__(1.0, error_feedback=error_feedback, fp16_values=fp16_values)
-        self.rank = rank
-        self.min_compression = min_compression
+        self.rank = as_int(rank)
+        self.min_compression = as_float(min_compression)
         self.warm_start = warm_start
-        self.start_iteration = start_iteration
-        self.seed = seed
+        self.start_iteration = as_int(start_iteration)
+        self.seed = as_int(seed)
         self.shapes: list[tuple[int, ...]] = []
         self.matrices: list[_Matrix] = []
         self.p_numel = self.q_numel = 0

@@ -27,7 +27,7 @@ import torch
 
 from ..exchange import Traffic
 from ..selection import ThresholdSelector, index_bytes, initial_threshold
-from .base import Aggregate, Compressor, ReduceOp, Selection
+from .base import Aggregate, Compressor, ReduceOp, Selection, as_float
 from .registry import register
 from .topk import combine_pairs, gathered_pairs_bytes
 
@@ -56,7 +56,7 @@ class HardThresholdCompressor(Compressor):
                  momentum_masking: bool | None = None):
         super().__init__(density, error_feedback=error_feedback, fp16_values=fp16_values,
                          momentum_masking=momentum_masking)
-        self.value = value
+        self.value = as_float(value)
         self.lam = value
         self._selector = ThresholdSelector()
 

@@ -40,7 +40,7 @@ import torch
 from ...exchange import SlotsGathered, Traffic, allreduce_values
 from ...selection import ThresholdSelector, index_bytes, index_dtype
 from ...stats import ring_allgather_bytes, ring_allreduce_bytes
-from ..base import Aggregate, Compressor, ReduceOp, Selection
+from ..base import Aggregate, Compressor, ReduceOp, Selection, as_float, as_int
 from ..registry import register
 from .capacity import CutWatch
 from .controller import ThresholdController
@@ -171,8 +171,8 @@ class MicroCompressor(Compressor):
                  momentum_masking: bool | None = None, capacity: int | str | None = None):
         super().__init__(density, error_feedback=error_feedback, fp16_values=fp16_values,
                          momentum_masking=momentum_masking)
-        self.initial_threshold = initial_threshold
-        self.capacity = capacity
+        self.initial_threshold = as_float(initial_threshold)
+        self.capacity = as_int(capacity)
         self.controller_name = controller
         self.judge = judge if judge is not None else default_judge(controller, error_feedback)
         self.ages: DriftAges | None = None  # the drift judge's, made in bind
