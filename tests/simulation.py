@@ -203,6 +203,38 @@ def per_rank_thresholds(traces: list[list[dict]], key: str = "threshold") -> lis
     return [[trace[t][key] for trace in traces] for t in range(len(traces[0]))]
 
 
+class NewtonRule:
+    """``controller="newton"`` stated from its definition (docs/design.md, "The density
+    controllers"), in plain Python: one threshold ``t`` shared by every rank, starting at
+    ``1/(2 sqrt(k))``. After each step with global count ``c`` (and ``c_p``, the count at
+    ``1.25 t``), the tail slope ``alpha`` (start 4) moves 30 % of the way, in logs, toward
+    ``log(c / max(c_p, 1/2)) / log 1.25`` clamped to ``[0.5, 30]`` (when ``c >= 8``); the
+    error is ``e = log(max(c, 1/2) / k)``. Once a count has come within a factor 2 of ``k``
+    (engaged), the integral ``E`` adds ``c / k - 1`` every step and ``log t`` moves by
+    ``(0.5 e + 0.3 E) / alpha`` clamped to ``log 4``; before that by ``0.5 e / alpha``,
+    clamped to ``log 32``."""
+
+    def __init__(self, k: int):
+        self.k = float(k)
+        self.threshold = 1.0 / (2.0 * math.sqrt(k))
+        self.alpha, self.integral, self.engaged = 4.0, 0.0, False
+
+    def update(self, count: int, above_probe: int) -> float:
+        if count >= 8:
+            slope = math.log(count / max(float(above_probe), 0.5)) / math.log(1.25)
+            slope = min(max(slope, 0.5), 30.0)
+            self.alpha = math.exp(0.7 * math.log(self.alpha) + 0.3 * math.log(slope))
+        error = math.log(max(float(count), 0.5) / self.k)
+        self.engaged = self.engaged or abs(error) < math.log(2.0)
+        if self.engaged:
+            self.integral += count / self.k - 1.0
+            step, bound = (0.5 * error + 0.3 * self.integral) / self.alpha, math.log(4.0)
+        else:
+            step, bound = 0.5 * error / self.alpha, math.log(32.0)
+        self.threshold = math.exp(math.log(self.threshold) + min(max(step, -bound), bound))
+        return self.threshold
+
+
 class BoundedRule:
     """The default controller (``controller="bounded"``) stated from its definition
     (docs/design.md, "The density controllers"), in plain Python: each part p has a multiplier

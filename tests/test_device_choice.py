@@ -37,6 +37,8 @@ def _both(x: torch.Tensor, shift: float, slots: int, capacity: int, monkeypatch)
     threshold = rule.threshold(0, 0, x, [(0, NUMEL)])
     want = torch.nonzero(x.abs() >= threshold).view(-1)
 
+    # The device side, under test: the library's controller given the rule's multiplier
+    # (its state, not its rule, so that both start from the same place).
     controller = PartController(math.floor(DENSITY * NUMEL), [NUMEL], DENSITY)
     controller.log_multipliers = list(rule.log_m)
     scale = rms(torch.dot(x, x), NUMEL, 1.0)

@@ -5,7 +5,10 @@ once with MiCRO (``hvm.Compression.micro``).
 
 Expected values are recomputed here without Horovod (``compat_models.py``): a dense
 exchange is the mean of the ranks' gradients, a MiCRO exchange the single-process
-simulation of ``simulation.py`` run with the thresholds the ranks report.
+simulation of ``simulation.py`` run with the thresholds the ranks report. The thresholds
+are not under test here (test_micro_exchange derives them from the controllers' plain
+statements, ``simulation.BoundedRule`` and ``NewtonRule``): which gradients reach the
+exchange, and where its aggregate lands, are.
 
 Each rank launch covers several behaviours and is made once per session (``_launch``);
 the tests below then each check one behaviour of a launch.

@@ -7,14 +7,13 @@ import torch
 from multirank import run_ranks
 from simulation import (
     BoundedRule,
+    NewtonRule,
     contiguous_parts,
     fp16_round_trip,
     identity,
     rank_gradient,
     simulate_micro,
 )
-
-from horovod_micro.compressors.micro.density_controller import DensityController
 
 
 def _check_against_simulation(results, n, numel, iterations, seed, skew, average=True,
@@ -75,10 +74,12 @@ def test_newton_controller_equals_simulation():
     sim = simulate_micro(grads, thresholds, n)
     for t in range(iterations):
         assert traces[0][t]["rank_counts"] == [len(s) for s in sim[t]["selections"]]
-    controller = DensityController(int(0.02 * numel))
+    # The thresholds the ranks used, from the rule's plain statement and the counts the
+    # simulation found at them.
+    rule = NewtonRule(int(0.02 * numel))
     for t in range(iterations - 1):
-        assert controller.threshold == thresholds[t]
-        controller.update(traces[0][t]["global_count"], sim[t]["above_probe"])
+        assert rule.threshold == pytest.approx(thresholds[t], rel=1e-12), t
+        rule.update(sum(len(s) for s in sim[t]["selections"]), sim[t]["above_probe"])
 
 
 #: What a GPU runs, on the CPU: the choice made on the device (no host read), with the

@@ -72,6 +72,9 @@ def simulate(spec, n, grads, traces):
     if method == "threshold":
         return simulate_threshold(grads, n, kw["value"], **common)
     if method == "randomk":
+        # The draw itself is not under test here (a pseudo-random sequence cannot be
+        # restated without its generator; test_baselines checks that it is distinct,
+        # uniform and the same on every rank): what the exchange does with it is.
         drawn = [shared_indices(numel, k, kw.get("seed", 0), t) for t in range(len(grads))]
         return simulate_randomk(grads, n, drawn, **common)
     if method == "gtopk":
