@@ -1,10 +1,12 @@
 """The user-facing text holds no internal references (one process, no ranks, no imports).
 
-README.md, every page of docs/ and every docstring of the ``horovod_micro`` package
-(modules, classes, functions and methods, read with :mod:`ast` so that nothing is imported)
-must not name a tracker issue, a work round or a numbered section ("issue 12", "round 4",
-"section 3", "§3": BENCHMARKS.md's sections are named, not numbered), nor an absolute path
-of one machine (``/work/...``, ``/tmp/...``) as where something is.
+README.md, BENCHMARKS.md, CHANGELOG.md, every page of docs/ and every docstring of the
+``horovod_micro`` package (modules, classes, functions and methods, read with :mod:`ast` so
+that nothing is imported) must not name a tracker issue, a work round or a numbered section
+("issue 12", "round 4", "section 3", "§3": BENCHMARKS.md's sections are named, not
+numbered), a work session ("in a later session"), a commit (``dedc21e``) or an "earlier
+tree", nor an absolute path of one machine (``/work/...``, ``/tmp/...``) as where something
+is. A user reads what a version does, not how it was made.
 """
 
 from __future__ import annotations
@@ -23,7 +25,11 @@ PACKAGE = REPO / "horovod_micro"
 FORBIDDEN = re.compile(
     r"(?<![-\w])(?:issues?\s+#?\d|rounds?\s+\d|sections?\s+\d)"
     r"|§"
-    r"|(?<![\w.~/$-])/(?:work|tmp)/",
+    r"|(?<![\w.~/$-])/(?:work|tmp)/"
+    r"|\b(?:a|one|this|that|the|an?other|earlier|later|next|previous|last|same)\s+"
+    r"(?:work\s+)?sessions?\b"
+    r"|\b(?:earlier|later|previous|same|this)\s+tree\b"
+    r"|(?<![\w#-])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}(?![\w-])",
     re.IGNORECASE)
 
 
@@ -34,7 +40,8 @@ def _hits(text: str) -> list[tuple[int, str]]:
 
 
 def _markdown_files() -> list[Path]:
-    return [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    return [REPO / "README.md", REPO / "BENCHMARKS.md", REPO / "CHANGELOG.md",
+            *sorted((REPO / "docs").glob("*.md"))]
 
 
 def _docstrings(path: Path):
@@ -60,13 +67,17 @@ def test_the_pattern_catches_internal_references_only():
     for planted in ("see issue 12", "Issue 3's bar", "(issues 4 and 6)", "Round 4: again",
                     "this round 2", "BENCHMARKS.md, section 11", "sections 4 and 8", "§9",
                     "results in /work/shared/notes.md", "written to /tmp/run",
-                    "`git clone REPO /tmp/fresh`"):
+                    "`git clone REPO /tmp/fresh`", "measured in a later session",
+                    "back to back in one session", "on dedc21e (device-side status)",
+                    "alternated with c3c8357", "the same tree (ecdd1f3)", "an earlier tree"):
         assert FORBIDDEN.search(planted), planted
     for fine in ("interleaved round by round", "toward that round's partner",
                  "``round(t_p)``-th largest", "under /var/tmp/buildah-cache",
                  "--out-dir $PWD/runs/x", "BENCHMARKS.md, \"Selection cost\"",
                  "the issue of stale residuals", "~/tmp/x", "/workspace as working directory",
-                 "`--rates 1gbit --rounds 8`", "6 rounds, medians"):
+                 "`--rates 1gbit --rounds 8`", "6 rounds, medians",
+                 "a watchdog in its own session", "1,425 KB", "seed 1234567",
+                 "#abc1234 colour", "sha256 digest", "12.6M-weight MLP"):
         assert not FORBIDDEN.search(fine), fine
 
 
