@@ -71,7 +71,8 @@ STALL = {"HOROVOD_STALL_CHECK_TIME_SECONDS": "2", "HOROVOD_STALL_SHUTDOWN_TIME_S
 
 @pytest.mark.parametrize("then,backend_,env,errors", [
     ("exit", "gloo", {}, [None, "HorovodInternalError"]),
-    ("barrier", "gloo", {"HOROVOD_MICRO_ARRIVAL_TIMEOUT_SECONDS": "20"},
+    ("barrier", "gloo", {"HOROVOD_MICRO_ARRIVAL_TIMEOUT_SECONDS": "20",
+                         "HOROVOD_MICRO_EXCHANGE_TIMEOUT_SECONDS": "20"},
      ["HorovodInternalError", "ExchangeTimeout"]),
     ("barrier", "mpi", STALL, ["HorovodInternalError", "HorovodInternalError"]),
 ], ids=["exit-gloo", "barrier-gloo", "barrier-mpi"])
