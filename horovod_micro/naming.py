@@ -7,8 +7,10 @@ the compressor's settings, and how many such optimizers the process built before
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import numbers
+import weakref
 from collections import Counter
 
 import torch
@@ -21,6 +23,9 @@ from .layout import FlatLayout
 # same parameters in the same order, so the count agrees across ranks even when ranks
 # build different numbers of optimizers for *other* process sets.
 _built: Counter = Counter()
+# The optimizers of each key that are still alive: two of them at once can have their
+# collectives paired across models (shared_state's parameter check).
+_alive: dict[tuple[int, str], weakref.WeakSet] = {}
 
 
 def canonical(value):
@@ -38,7 +43,7 @@ def canonical(value):
     return value
 
 
-def collective_prefix(set_id: int, layout: FlatLayout, compression) -> str:
+def collective_prefix(set_id: int, layout: FlatLayout, compression, owner=None) -> str:
     """Names for this optimizer's collectives, from what every rank of the set shares.
 
     Horovod matches collectives by name. The prefix combines the process set, a digest of
@@ -50,6 +55,8 @@ def collective_prefix(set_id: int, layout: FlatLayout, compression) -> str:
     digest = hashlib.sha1(repr((layout.signature(), canonical(config))).encode()).hexdigest()[:10]
     key = (set_id, digest)
     _built[key] += 1
+    if owner is not None:
+        _alive.setdefault(key, weakref.WeakSet()).add(owner)
     return f"hvm.ps{set_id}.{digest}.{_built[key] - 1}"
 
 
@@ -76,9 +83,14 @@ def name_parameters(param_groups, named_parameters) -> list[tuple[str, torch.nn.
     return unique
 
 
-def built_alike(prefix: str) -> int:
-    """How many optimizers this process built with the same process set, parameters and
-    compressor as the one named ``prefix`` (from :func:`collective_prefix`): above 1, the
-    optimizers' collectives pair by build order alone."""
+def alive_alike(prefix: str) -> list:
+    """The optimizers still alive that this process built with the same process set,
+    parameters and compressor as the one named ``prefix`` (from :func:`collective_prefix`,
+    given its ``owner``): where two are, their collectives pair by build order alone. An
+    optimizer dropped meanwhile may wait for the cyclic garbage collector (its hooks hold
+    it), so where others seem alive the collector runs once first."""
     _, set_part, digest, _ = prefix.split(".")
-    return _built[(int(set_part[2:]), digest)]
+    alive = _alive.get((int(set_part[2:]), digest), weakref.WeakSet())
+    if len(alive) > 1:
+        gc.collect()
+    return list(alive)

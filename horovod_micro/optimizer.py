@@ -97,8 +97,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         set_id = process_set.process_set_id
         self._named, self._groups_argument = named, groups
         buildable = self._check_at_construction()
-        self._comm = Comm(process_set, prefix=collective_prefix(
-            set_id, self._layout, compression if buildable else f"unbuildable {compression!r}"))
+        key = compression if buildable else f"unbuildable {compression!r}"
+        self._comm = Comm(process_set, prefix=collective_prefix(set_id, self._layout, key, self))
         if not buildable:  # the deferred collective check raises on every rank
             return
         if self._sparse:

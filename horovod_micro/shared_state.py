@@ -14,7 +14,7 @@ import warnings
 import horovod.torch as hvd
 import torch
 
-from .naming import built_alike
+from .naming import alive_alike
 from .status import OK, STATE_LOADED, CollectiveInputError, StateReloaded
 
 
@@ -65,8 +65,9 @@ class SharedStateMethods:
         another rank's other model, and train them into each other with no error. Each rank
         gathers five float64 numbers once: :func:`parameter_digest` (to within 1 % of the
         weights' norm), whether it loaded a state, and whether it built several optimizers
-        alike (:func:`~horovod_micro.naming.built_alike`). Where the weights differ and
-        some rank built optimizers alike, the pairing is ambiguous: every rank raises.
+        alike that are still alive (:func:`~horovod_micro.naming.alive_alike`). Where the
+        weights differ and some rank holds such a pair, the pairing is ambiguous: every
+        rank raises.
         Where no rank did, nothing can be paired wrongly; the weights were simply not
         broadcast (``hvd.broadcast_parameters``), and each rank trains its own weights with
         the shared gradient, as with Horovod's optimizer: the set's first rank warns once.
@@ -76,8 +77,8 @@ class SharedStateMethods:
         weights (of about ``lr`` per weight with Adam), as in stock Horovod.
         """
         digest = parameter_digest([p.detach() for p in self._layout.params])
-        flags = torch.tensor([1.0 if self._loaded else 0.0,
-                              1.0 if built_alike(self._comm.prefix) > 1 else 0.0],
+        others = [o for o in alive_alike(self._comm.prefix) if o is not self and not o._closed]
+        flags = torch.tensor([1.0 if self._loaded else 0.0, 1.0 if others else 0.0],
                              dtype=torch.float64)
         everyone = self._comm.allgather(torch.cat([digest, flags]).view(1, 5), "parameters")
         self._loaded = False

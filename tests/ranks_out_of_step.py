@@ -389,3 +389,21 @@ def settings_alike(method: str) -> dict:
     everyone = hvd.allgather(flat.unsqueeze(0), name="weights")
     result["same_weights"] = bool((everyone == everyone[0]).all())
     return result
+
+
+def unbroadcast_one_after_another(rounds: int = 3) -> dict:
+    """Horovod's own optimizer tests build a fresh model and optimizer per case, never
+    broadcast before the first step, each dropped before the next is built: per round,
+    what its step raised."""
+    def one_round(i: int) -> dict:
+        model = _model(seed=20 + 10 * i + hvd.rank())
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            opt = _wrap(model)
+
+            def step():
+                _backward(model, opt, i)
+                opt.step()
+            return _outcome(step)
+
+    return {"raised": [one_round(i)["raised"] for i in range(rounds)]}
