@@ -47,6 +47,7 @@ def test_wheel_installs_and_trains_outside_the_checkout(tmp_path):
                 if line.startswith("Requires-Dist:") and "extra ==" not in line]
     assert sorted(r.split("=")[0].split(">")[0].strip() for r in required) == ["horovod", "torch"]
     assert any(n.startswith("horovod_micro/_select") and n.endswith(".so") for n in names)
+    assert not any(n.startswith("train/") for n in names)  # the example scripts stay out
 
     env_dir = tmp_path / "venv"
     venv.EnvBuilder(with_pip=False).create(env_dir)
