@@ -19,6 +19,7 @@ from .compressors.base import Compressor
 from .exchange import Comm, allgather_object
 from .layout import FlatLayout
 from .momentum import masking_error
+from .naming import canonical
 
 
 @dataclass
@@ -135,6 +136,14 @@ def check_collectively(args: Arguments, comm: Comm) -> None:
             if report[key] != reference[key]:
                 problems.append(f"rank {r}: {key} {report[key]} differs from rank 0's "
                                 f"{reference[key]}")
+            elif key == "compression" and (repr(canonical(report[key]))
+                                           != repr(canonical(reference[key]))):
+                # Equal in value, not in form (a plugin's -0.0 beside 0.0, a NumPy bool
+                # beside a bool): the collectives' names hash the canonical form, so the
+                # ranks would wait in differently named collectives.
+                problems.append(f"rank {r}: compression {report[key]} is equal in value to "
+                                f"rank 0's {reference[key]} but not in type or form; give "
+                                "every rank the same settings")
     if problems:
         raise ValueError("horovod_micro.DistributedOptimizer: invalid arguments (reported on "
                          "every rank):\n  " + "\n  ".join(problems))

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import horovod.torch as hvd
+import numpy as np
 import torch
 
 from ..exchange import RESELECT, Comm, Gathered, Traffic, gather_indices, gather_slots
@@ -44,6 +45,15 @@ def as_int(value):
     the same value alike (``16`` and ``np.int64(16)``)."""
     if isinstance(value, numbers.Integral) and not isinstance(value, bool):
         return int(value)
+    return value
+
+
+def as_bool(value):
+    """A flag as a Python bool (``np.True_`` is True); anything else, ``1`` and ``0``
+    included, unchanged for the settings check to refuse: ``1 == True``, so the ranks'
+    settings would compare equal while their collectives were named apart."""
+    if isinstance(value, np.bool_):
+        return bool(value)
     return value
 
 
@@ -171,9 +181,9 @@ class Compressor:
         if isinstance(density, numbers.Real) and not isinstance(density, bool):
             density = float(density)
         self.density = density
-        self.error_feedback = error_feedback
-        self.fp16_values = fp16_values
-        self.momentum_masking = momentum_masking
+        self.error_feedback = as_bool(error_feedback)
+        self.fp16_values = as_bool(fp16_values)
+        self.momentum_masking = as_bool(momentum_masking)
         self.numel = 0
         # Steps whose index gather ran twice: some rank's device-side choice needed the
         # host rule (Selection.reselect). A statistic, the same on every rank.
@@ -199,6 +209,16 @@ class Compressor:
         if (isinstance(d, bool) or not isinstance(d, int | float) or not math.isfinite(d)
                 or not 0.0 < d <= 1.0):
             return f"{self.name}: density must be a number in (0, 1], got {d!r}"
+        return self.flags_error()
+
+    def flags_error(self) -> str | None:
+        """Why ``error_feedback``, ``fp16_values`` or ``momentum_masking`` is invalid, or
+        None. Flags are bools: ``1`` or ``1.0`` for True would compare equal across ranks
+        while naming the collectives apart."""
+        for flag in ("error_feedback", "fp16_values"):
+            if not isinstance(getattr(self, flag), bool):
+                return (f"{self.name}: {flag} must be True or False, got "
+                        f"{getattr(self, flag)!r}")
         if not (self.momentum_masking is None or isinstance(self.momentum_masking, bool)):
             return (f"{self.name}: momentum_masking must be True, False or None (the "
                     f"method's default), got {self.momentum_masking!r}")

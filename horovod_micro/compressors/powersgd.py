@@ -62,7 +62,7 @@ import torch
 from ..exchange import SelectedCounts, Traffic, allreduce_values
 from ..selection import index_dtype
 from ..stats import ring_allreduce_bytes
-from .base import Aggregate, Compressor, ReduceOp, Selection, as_float, as_int
+from .base import Aggregate, Compressor, ReduceOp, Selection, as_bool, as_float, as_int
 from .registry import register
 
 
@@ -123,7 +123,7 @@ class PowerSGDCompressor(Compressor):
         super().__init__(1.0, error_feedback=error_feedback, fp16_values=fp16_values)
         self.rank = as_int(rank)
         self.min_compression = as_float(min_compression)
-        self.warm_start = warm_start
+        self.warm_start = as_bool(warm_start)
         self.start_iteration = as_int(start_iteration)
         self.seed = as_int(seed)
         self.shapes: list[tuple[int, ...]] = []
@@ -157,7 +157,7 @@ class PowerSGDCompressor(Compressor):
             return f"powersgd: start_iteration must be a non-negative integer, got {st!r}"
         if not isinstance(self.warm_start, bool):
             return f"powersgd: warm_start must be True or False, got {self.warm_start!r}"
-        return None
+        return self.flags_error()
 
     def bind_shapes(self, shapes: Sequence[tuple[int, ...]]) -> None:
         self.shapes = [tuple(int(d) for d in shape) for shape in shapes]

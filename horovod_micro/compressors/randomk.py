@@ -30,7 +30,7 @@ from ..exchange import SelectedCounts, Traffic, allreduce_values
 from ..selection import index_dtype
 from ..stats import ring_allreduce_bytes
 from ..status import CollectiveInputError
-from .base import Aggregate, Compressor, ReduceOp, Selection
+from .base import Aggregate, Compressor, ReduceOp, Selection, as_int
 from .registry import register
 
 _MIX_SEED = 0x9E3779B97F4A7C15
@@ -82,7 +82,7 @@ class RandomkCompressor(Compressor):
                  fp16_values: bool = False, momentum_masking: bool | None = None):
         super().__init__(density, error_feedback=error_feedback, fp16_values=fp16_values,
                          momentum_masking=momentum_masking)
-        self.seed = seed
+        self.seed = as_int(seed)
 
     def config(self) -> dict:
         return {**super().config(), "seed": self.seed}

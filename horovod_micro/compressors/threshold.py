@@ -57,7 +57,7 @@ class HardThresholdCompressor(Compressor):
         super().__init__(density, error_feedback=error_feedback, fp16_values=fp16_values,
                          momentum_masking=momentum_masking)
         self.value = as_float(value)
-        self.lam = value
+        self.lam = self.value
         self._selector = ThresholdSelector()
 
     def config(self) -> dict:
@@ -72,7 +72,7 @@ class HardThresholdCompressor(Compressor):
             if (isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v)
                     or v <= 0):
                 return f"threshold: value must be a positive finite number, got {v!r}"
-            return None
+            return self.flags_error()
         return super().config_error()
 
     @property
