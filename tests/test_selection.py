@@ -139,15 +139,16 @@ def test_drift_judge_matches_its_definition(numel, path, monkeypatch):
 
 
 def test_drift_ages_are_capped_before_their_stamps_wrap():
-    """MiCRO keeps ages in 16-bit stamps: every AGE_RECAP iterations (and at the first
-    selection) ages above AGE_CAP become AGE_CAP, so no age reaches 2^16; others stay."""
+    """MiCRO keeps ages in 16-bit stamps: at the first selection of every window of
+    AGE_RECAP iterations (now = 1, 1 + AGE_RECAP, ...) ages above AGE_CAP become AGE_CAP,
+    so no age reaches 2^16; others stay."""
     import horovod_micro as hvm
     from horovod_micro.compressors.micro.drift import AGE_CAP, AGE_RECAP, ages, stamps
     from horovod_micro.testing.loopback import LoopbackGroup
 
     micro = hvm.Compression.micro(density=0.5)
     micro.bind(4, LoopbackGroup(1).comm(0))
-    now = 200_000
+    now = 1 + 12 * AGE_RECAP  # a window's first iteration
     true_ages = torch.tensor([1, 5_000, AGE_CAP, AGE_CAP + 9_000], dtype=torch.int32)
     micro.ages.load_state_dict(stamps(now - true_ages))
     last = micro.ages.at(torch.device("cpu"), now)
@@ -199,3 +200,75 @@ def test_no_drift_age_is_zero_where_the_stamps_wrap():
     assert _true_ages(last, now) == [AGE_CAP] * 4
     scores = drift_scores(torch.tensor([1.0, -2.0, 0.0, 3.0]), last, now, 2.0)
     assert bool(torch.isfinite(scores).all()), scores
+
+
+def test_a_resumed_drift_judge_caps_its_ages_when_the_uninterrupted_one_does():
+    """A compressor loaded from another's state in the middle of a cap window keeps the
+    ages the uninterrupted one keeps, at every later iteration, across the next window's
+    cap: the loaded one capped every age above AGE_CAP at its first selection, so a
+    resumed run judged coordinates older than that otherwise for up to AGE_RECAP
+    iterations. Ages restated from the stamps (``_true_ages``)."""
+    import horovod_micro as hvm
+    from horovod_micro.compressors.micro.drift import AGE_CAP, AGE_RECAP, stamps
+    from horovod_micro.testing.loopback import LoopbackGroup
+
+    def bound():
+        micro = hvm.Compression.micro(density=0.5)
+        micro.bind(6, LoopbackGroup(1).comm(0))
+        return micro
+
+    cpu = torch.device("cpu")
+    start = 1 + 12 * AGE_RECAP  # a window's first iteration: the uninterrupted run caps
+    straight = bound()
+    true_ages = torch.tensor([1, 300, 20_000, AGE_CAP, AGE_CAP - 5, 2])
+    straight.ages.load_state_dict(stamps(start - true_ages))
+    straight.ages.at(cpu, start)
+    resume = start + 10_000  # mid-window: two coordinates are now older than AGE_CAP
+    straight.ages.at(cpu, resume)
+    straight.ages.restart(torch.tensor([0]), resume)
+    resumed = bound()
+    resumed.load_state_dict(straight.state_dict())
+    expected = [1, 300, 20_000, AGE_CAP, AGE_CAP - 5, 2]
+    for now in list(range(resume + 1, resume + 40)) + [start + AGE_RECAP - 1,
+                                                       start + AGE_RECAP, start + AGE_RECAP + 1]:
+        a = _true_ages(straight.ages.at(cpu, now), now)
+        b = _true_ages(resumed.ages.at(cpu, now), now)
+        assert a == b, (now, a, b)
+        if now == resume + 1:
+            assert a == [1] + [t + 10_001 for t in expected[1:]], a  # nothing capped yet
+    assert max(a) == AGE_CAP + 1  # the next window's cap, one iteration on
+
+
+def test_a_fresh_drift_judge_at_a_wrap_of_its_stamps_selects_about_k():
+    """MiCRO's defaults started fresh at iteration 2^16 - 1, where iteration + 1 is a
+    multiple of 2^16 (stamps of 0 there would give every coordinate an age of 0, infinite
+    scores and a ladder search that never ends, or an OverflowError): on 2 loopback
+    ranks, every one of the first steps applies within 50 % of ``k`` coordinates, as a
+    run from iteration 0 does (a fresh coordinate is judged at the mean wait; capped as
+    overdue instead, nothing was sent for about 50 steps)."""
+    import horovod.torch as hvd
+
+    import horovod_micro as hvm
+    from horovod_micro.compressors.base import ReduceOp
+    from horovod_micro.layout import FlatLayout
+    from horovod_micro.reducer import SparseReducer
+    from horovod_micro.testing.loopback import LoopbackGroup
+
+    numel, k = 4096, 40
+
+    def rank_body(comm):
+        compression = hvm.Compression.micro(density=0.01)
+        param = torch.nn.Parameter(torch.zeros(numel))
+        reducer = SparseReducer(FlatLayout([("flat", param)]), compression, comm,
+                                ReduceOp(hvd.Average))
+        reducer.iteration = 65_535
+        gen = torch.Generator().manual_seed(comm.rank)
+        counts = []
+        for _ in range(5):
+            param.grad = torch.randn(numel, generator=gen)
+            counts.append(reducer.reduce().global_count)
+        return counts
+
+    counts = LoopbackGroup(2).run(rank_body)
+    assert counts[0] == counts[1], counts
+    assert all(k / 2 <= c <= 1.5 * k for c in counts[0]), counts

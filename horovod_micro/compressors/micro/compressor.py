@@ -174,7 +174,10 @@ class MicroCompressor(Compressor):
         self.initial_threshold = as_float(initial_threshold)
         self.capacity = as_int(capacity)
         self.controller_name = controller
-        self.judge = judge if judge is not None else default_judge(controller, error_feedback)
+        # The flag as the base class holds it (np.False_ is False), so that every rank
+        # resolves the same judge from the same setting.
+        self.judge = (judge if judge is not None
+                      else default_judge(controller, self.error_feedback))
         self.ages: DriftAges | None = None  # the drift judge's, made in bind
         self.controller: ThresholdController | None = None
         self.bounds: list[tuple[int, int]] = []
@@ -207,8 +210,9 @@ class MicroCompressor(Compressor):
                 or (isinstance(c, int) and not isinstance(c, bool) and c >= 1)):
             return (f"micro: capacity must be a positive integer (index slots per rank), "
                     f"'exact' or None (the controller's default), got {c!r}")
-        if t is not None and not (isinstance(t, int | float) and t > 0):
-            return f"micro: initial_threshold must be a positive number, got {t!r}"
+        if t is not None and (isinstance(t, bool) or not isinstance(t, int | float)
+                              or not math.isfinite(t) or t <= 0):
+            return f"micro: initial_threshold must be a positive finite number, got {t!r}"
         if t is not None and name in ("bounded", "scale"):
             return (f"micro: initial_threshold sets the shared threshold of controller="
                     f"'newton' or 'paper'; controller={name!r} scales its threshold with "

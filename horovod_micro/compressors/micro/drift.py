@@ -79,12 +79,16 @@ class DriftAges:
     def __init__(self, numel: int, density: float):
         self.numel, self.density = numel, density
         self.last: torch.Tensor | None = None
-        self._capped_at: int | None = None
+        self._capped_window: int | None = None  # the window of the last cap
+        self._loaded = False  # loaded since the last selection
 
     def at(self, device: torch.device, now: int) -> torch.Tensor:
-        """The stamps, on ``device``, with ages capped for iteration ``now``."""
+        """The stamps, on ``device``, with ages capped for iteration ``now``. Made at the
+        first selection with every coordinate at the mean wait (a score of plain ``|a|``;
+        at the first iteration, stamps of 0); loaded ones are moved, never remade."""
         if self.last is None:
-            self.last = torch.zeros(self.numel, dtype=torch.int16, device=device)
+            fresh = stamp(now - max(1, min(round(self.wait(now)), AGE_CAP)))
+            self.last = torch.full((self.numel,), fresh, dtype=torch.int16, device=device)
         elif self.last.device != device:  # loaded on the host, used on a GPU: moved, kept
             self.last = self.last.to(device)
         self.cap(now)
@@ -96,21 +100,31 @@ class DriftAges:
         return min(1.0 / self.density, float(now))
 
     def cap(self, now: int) -> None:
-        """Ages above AGE_CAP become AGE_CAP: one pass over N every AGE_RECAP iterations
-        (and at the first selection after a load), so that no age reaches 2^16 and the
+        """Ages above AGE_CAP become AGE_CAP: one pass over N at the first selection of
+        every window of AGE_RECAP iterations (``now`` = 1, 1 + AGE_RECAP, ...) and at the
+        first selection after the stamps were made, so that no age reaches 2^16 and the
         16-bit stamps stay exact. A coordinate left that long scores as if it had waited
         AGE_CAP iterations, which changes its score by less than the noise it judges.
-        Also after stamps were moved to another device (a load on the host before a GPU
-        step), since ``_capped_at`` is reset by a load."""
-        if self._capped_at is not None and now - self._capped_at < AGE_RECAP:
+
+        The windows depend on ``now`` alone, so a run resumed from a checkpoint (or a
+        newcomer given the survivors' state) caps when the uninterrupted run does and
+        judges as it does. At the first selection after a load within a window, only the
+        ages that no uninterrupted run has are capped: 0, and those that would reach 2^16
+        before the window ends (from an older state, or a damaged one)."""
+        window, into = divmod(now - 1, AGE_RECAP)
+        if self._loaded and into:
+            age = ages(self.last, now)
+            old = (age == 0) | (age >= 0x10000 - (AGE_RECAP - into))
+        elif self._loaded or window != self._capped_window:
+            age = ages(self.last, now)
+            # An age of 0 is a full wrap of the stamps (a coordinate restarts at the step's
+            # now, and is judged from the next one on, at an age of 1 at least): stamps
+            # loaded at a multiple of 2^16 iterations. Overdue; 0 would divide by 0.
+            old = (age > AGE_CAP) | (age == 0)
+        else:
             return
-        age = ages(self.last, now)
-        # An age of 0 is a full wrap of the stamps (a coordinate restarts at the step's
-        # now, and is judged from the next one on, at an age of 1 at least): stamps loaded
-        # or made at a multiple of 2^16 iterations. Overdue as well; 0 would divide by 0.
-        old = (age > AGE_CAP) | (age == 0)
         self.last.masked_fill_(old, stamp(now - AGE_CAP))
-        self._capped_at = now
+        self._capped_window, self._loaded = window, False
 
     def scores(self, values: torch.Tensor, indices: torch.Tensor, now: int) -> torch.Tensor:
         """The drift scores of ``values``, at flat ``indices``."""
@@ -135,7 +149,7 @@ class DriftAges:
         device = self.last.device if self.last is not None else "cpu"
         # Stamps; a state that holds whole iterations (int32) is taken mod 2^16.
         self.last = stamps(last).to(device=device)
-        self._capped_at = None
+        self._loaded = True
 
 
 class DriftSelector(ThresholdSelector):
