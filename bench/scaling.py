@@ -1,4 +1,5 @@
-"""Accuracy against the number of workers: every method at n = 2 ... 64, equal epochs.
+"""Accuracy (or validation loss) against the number of workers: every method at n = 2 ... 64,
+equal epochs.
 
 The question a user asks before switching a job of n workers from dense to a sparse
 method: *at my n, does it reach dense's accuracy in the same epochs, and how many bytes
@@ -15,27 +16,43 @@ workers' gradients, not on where the workers run. So one process trains one mode
   rank, whose collectives have Horovod's semantics in one process; the bytes per step are
   what each rank's exchange accounts (:class:`~horovod_micro.exchange.Traffic`, ring
   collectives);
-* the wrapped optimizer (SGD, Nesterov 0.9, weight decay 1e-4, the trainer's linear
-  scaling and warm-up: ``horovod_micro_train.schedule``) steps on the aggregate, and momentum
-  masking
+* the wrapped optimizer steps on the aggregate (``--optimizer``: ``nesterov``, the default,
+  is SGD with Nesterov momentum 0.9 and weight decay 1e-4; ``momentum`` the same without
+  Nesterov; ``sgd`` without momentum; ``adam``; ``adamw`` with weight decay 0.01), at a peak
+  lr scaled from ``--lr`` by ``--lr-scaling`` (``linear``: ``lr * n * batch / 128``, the
+  trainer's rule and the SGD family's default; ``sqrt``: ``lr * sqrt(n * batch / 128)``,
+  the Adam family's; ``none``), optionally capped by ``--lr-cap``, after the trainer's
+  warm-up (``horovod_micro_train.schedule``); momentum masking
   (:mod:`horovod_micro.momentum`) follows the method's setting, as
   ``DistributedOptimizer.step`` does.
+
+The task follows the dataset: image classification (``fashion-mnist`` with ``fmnist_mlp``
+or ``fmnist_lenet``, ``digits``, ...) is scored by test accuracy; ``python-text`` (bytes of
+the standard library's sources) with ``text_transformer`` is a causal language model,
+trained on token-level cross entropy and scored by the validation loss (mean token cross
+entropy on 2,000 held-out sequences).
 
 Methods are the registered ones (``dense`` is the mean gradient), with keyword arguments
 after a colon: ``micro:judge='magnitude',momentum_masking=False`` is MiCRO as published,
 ``gtopk:density=0.004`` runs gTop-k at its own density (for a comparison at equal bytes).
-Per run the final test accuracy (mean of the last three evaluations), the bytes each rank
+Per run the final metric (mean of the last three evaluations), the bytes each rank
 sends per step, and a diagnosis of the sparse exchange: the norm of the workers' summed
 residual, how long an applied coordinate had waited, the size of its update, and which
 fraction of the applied coordinates lie in the top k of the workers' summed accumulation.
 
-    .venv/bin/python -m bench.scaling --workers 2 4 8 16 --epochs 3
+    .venv/bin/python -m bench.scaling --epochs 3      # n = 2 ... 8, 12, 16
     .venv/bin/python -m bench.scaling --workers 32 64 --epochs 12 --lr-cap 0.4 \\
         --json bench/results/scaling-large.json
+    .venv/bin/python -m bench.scaling --model fmnist_lenet \\
+        --json bench/results/scaling-lenet.json
+    .venv/bin/python -m bench.scaling --model text_transformer --dataset python-text \\
+        --optimizer adamw --json bench/results/scaling-text.json
 
-Writes ``--json`` (every run, with its curve) and, with ``--figures DIR``,
-``scaling-accuracy.png`` (final accuracy against n, one line per method) and
-``scaling-bytes.png`` (bytes per rank per step against n).
+Writes ``--json`` (every run, with its curve; a run already there with the same method, n,
+seed, density, epochs, optimizer, lr and lr scaling is reused, not trained again) and, with
+``--figures DIR``, ``scaling-accuracy.png`` (``scaling-val-loss.png`` for a language
+model: the final metric against n, one line per method) and ``scaling-bytes.png`` (bytes
+per rank per step against n).
 """
 
 from __future__ import annotations
@@ -43,6 +60,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -56,7 +74,7 @@ import horovod_micro as hvm
 from horovod_micro.compression import takes_density
 from horovod_micro.compressors.base import ReduceOp
 from horovod_micro.layout import FlatLayout
-from horovod_micro.momentum import mask_momentum
+from horovod_micro.momentum import mask_momentum, prime_first_moment
 from horovod_micro.reducer import SparseReducer
 from horovod_micro.stats import ring_allreduce_bytes
 from horovod_micro.testing.loopback import LoopbackGroup
@@ -66,13 +84,25 @@ from horovod_micro_train.schedule import lr_at, peak_lr
 
 from .common import parse_method
 
-MOMENTUM, WEIGHT_DECAY = 0.9, 1e-4
+MOMENTUM, WEIGHT_DECAY, ADAMW_WEIGHT_DECAY = 0.9, 1e-4, 0.01
 DIAGNOSE_EVERY = 5
+#: Optimizers by family: the base lr and lr scaling each family defaults to.
+SGD_FAMILY, ADAM_FAMILY = ("nesterov", "momentum", "sgd"), ("adam", "adamw")
+OPTIMIZERS = SGD_FAMILY + ADAM_FAMILY
+LR_SCALINGS = ("linear", "sqrt", "none")
+#: A language model's validation loss is measured on this many held-out sequences.
+EVAL_SEQUENCES = 2_000
+EVAL_CHUNK = 500
 
 
 def as_tensors(dataset) -> tuple[torch.Tensor, torch.Tensor]:
-    """A map-style dataset of (image, label) pairs as two stacked tensors."""
+    """A map-style dataset of (input, target) pairs as two stacked tensors (targets: class
+    labels, or token sequences)."""
+    if isinstance(dataset, torch.utils.data.TensorDataset) and len(dataset.tensors) == 2:
+        return dataset.tensors[0], dataset.tensors[1].long()
     xs, ys = zip(*(dataset[i] for i in range(len(dataset))))
+    if torch.is_tensor(ys[0]) and ys[0].dim():
+        return torch.stack(xs), torch.stack(ys).long()
     return torch.stack(xs), torch.tensor([int(y) for y in ys])
 
 
@@ -84,13 +114,72 @@ def load(dataset: str, data_dir: str | None, seed: int) -> tuple:
     return (*as_tensors(data.train), *as_tensors(data.test), data.num_classes)
 
 
+def metric_of(targets: torch.Tensor) -> str:
+    """``accuracy`` for one class label per input, ``val_loss`` for a target per position
+    (a language model)."""
+    return "accuracy" if targets.dim() == 1 else "val_loss"
+
+
+def token_loss(logits: torch.Tensor, targets: torch.Tensor, reduction: str = "mean"
+               ) -> torch.Tensor:
+    """Cross entropy over every position: logits ``(..., classes)``, targets ``(...)``
+    (a classifier's (batch,), a language model's (batch, context))."""
+    return F.cross_entropy(logits.flatten(0, -2), targets.flatten(), reduction=reduction)
+
+
 def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
+    """Test accuracy, or for a language model the mean token cross entropy on the first
+    :data:`EVAL_SEQUENCES` held-out sequences (in chunks of :data:`EVAL_CHUNK`)."""
     model.eval()
     with torch.no_grad():
-        correct = sum(int((model(x[i:i + 1000]).argmax(1) == y[i:i + 1000]).sum())
-                      for i in range(0, len(x), 1000))
+        if metric_of(y) == "accuracy":
+            value = sum(int((model(x[i:i + 1000]).argmax(1) == y[i:i + 1000]).sum())
+                        for i in range(0, len(x), 1000)) / len(x)
+        else:
+            x, y = x[:EVAL_SEQUENCES], y[:EVAL_SEQUENCES]
+            value = float(sum(token_loss(model(x[i:i + EVAL_CHUNK]), y[i:i + EVAL_CHUNK],
+                                         "sum") for i in range(0, len(x), EVAL_CHUNK))
+                          / y.numel())
     model.train()
-    return correct / len(x)
+    return value
+
+
+def scaled_lr(lr: float, batch_size: int, n: int, scaling: str) -> float:
+    """The peak lr for n workers of ``batch_size``: ``linear`` (the trainer's
+    :func:`~horovod_micro_train.schedule.peak_lr`, ``lr * n * batch / 128``), ``sqrt``
+    (``lr * sqrt(n * batch / 128)``) or ``none`` (``lr``)."""
+    if scaling == "linear":
+        return peak_lr(lr, batch_size, n)
+    if scaling == "sqrt":
+        return lr * math.sqrt(batch_size * n / 128)
+    if scaling == "none":
+        return lr
+    raise ValueError(f"unknown lr scaling {scaling!r}; choose one of {LR_SCALINGS}")
+
+
+def make_optimizer(name: str, params: list[torch.nn.Parameter], lr: float
+                   ) -> torch.optim.Optimizer:
+    """``nesterov`` (SGD, Nesterov momentum 0.9, weight decay 1e-4), ``momentum`` (the same,
+    heavy ball), ``sgd`` (no momentum, weight decay 1e-4), ``adam``, ``adamw`` (weight
+    decay 0.01)."""
+    if name in SGD_FAMILY:
+        momentum = 0.0 if name == "sgd" else MOMENTUM
+        return torch.optim.SGD(params, lr=lr, momentum=momentum, nesterov=name == "nesterov",
+                               weight_decay=WEIGHT_DECAY)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr)
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr, weight_decay=ADAMW_WEIGHT_DECAY)
+    raise ValueError(f"unknown optimizer {name!r}; choose one of {OPTIMIZERS}")
+
+
+def optimizer_defaults(name: str, lr: float | None, scaling: str | None
+                       ) -> tuple[float, str]:
+    """``lr`` and ``scaling``, or the optimizer family's defaults where None: 0.1 and
+    linear for the SGD family, 1e-3 and sqrt for the Adam family."""
+    sgd = name in SGD_FAMILY
+    return (lr if lr is not None else 0.1 if sgd else 1e-3,
+            scaling or ("linear" if sgd else "sqrt"))
 
 
 class Gradients:
@@ -100,7 +189,7 @@ class Gradients:
         self.model, self.layout = model, layout
 
         def loss(params, x, y):
-            return F.cross_entropy(functional_call(model, params, (x,)), y)
+            return token_loss(functional_call(model, params, (x,)), y)
 
         self._grads = vmap(grad(loss), in_dims=(None, 0, 0))
 
@@ -143,18 +232,23 @@ class Diagnosis:
 
 def train(method: str, *, n: int, density: float, epochs: float, seed: int = 1,
           dataset: str = "fashion-mnist", model_name: str = "fmnist_mlp",
-          batch_size: int = 32, lr: float = 0.1, lr_cap: float | None = None,
+          batch_size: int = 32, optimizer: str = "nesterov", lr: float | None = None,
+          lr_scaling: str | None = None, lr_cap: float | None = None,
           warmup_epochs: float = 0.5, evaluations_per_epoch: int = 8,
           report=print) -> dict:
-    """One run of ``method`` (``name[:kwargs]``, or ``dense``) with n workers."""
+    """One run of ``method`` (``name[:kwargs]``, or ``dense``) with n workers.
+    ``optimizer`` is one of :data:`OPTIMIZERS`; ``lr`` and ``lr_scaling`` default by its
+    family (:func:`optimizer_defaults`)."""
     x, y, test_x, test_y, num_classes = load(dataset, None, seed)
+    metric = metric_of(test_y)
+    optimizer_name = optimizer
+    lr, lr_scaling = optimizer_defaults(optimizer_name, lr, lr_scaling)
     torch.manual_seed(seed)
     model = build_model(model_name, num_classes)
     layout = FlatLayout(list(model.named_parameters()))
-    peak = peak_lr(lr, batch_size, n)
+    peak = scaled_lr(lr, batch_size, n, lr_scaling)
     peak = min(peak, lr_cap) if lr_cap else peak
-    optimizer = torch.optim.SGD(layout.params, lr=peak, momentum=MOMENTUM, nesterov=True,
-                                weight_decay=WEIGHT_DECAY)
+    optimizer = make_optimizer(optimizer_name, layout.params, peak)
     gradients = Gradients(model, layout)
     steps_per_epoch = len(x) // (batch_size * n)
     iters = max(1, round(epochs * steps_per_epoch))
@@ -175,17 +269,21 @@ def train(method: str, *, n: int, density: float, epochs: float, seed: int = 1,
     def batches(it: int, perm: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         step = it % steps_per_epoch
         idx = perm[step * n * batch_size:(step + 1) * n * batch_size]
-        return (x[idx].view(n, batch_size, *x.shape[1:]), y[idx].view(n, batch_size))
+        return (x[idx].view(n, batch_size, *x.shape[1:]),
+                y[idx].view(n, batch_size, *y.shape[1:]))
 
-    def apply(it: int, merged: torch.Tensor) -> None:
+    def apply(it: int, merged: torch.Tensor, primed: torch.Tensor | None = None) -> None:
         for group in optimizer.param_groups:
             group["lr"] = lr_at(it / steps_per_epoch, peak, n, warmup_epochs, (), 0.1)
         for p, view in zip(layout.params, layout.views(merged)):
             p.grad = view.clone()
+        if primed is not None:  # Adam's first moment where a burst arrived, as the optimizer
+            prime_first_moment(optimizer, layout.params, layout.slices, primed)
         optimizer.step()
         if (it + 1) % eval_every == 0 or it + 1 == iters:
             curve.append((it + 1, evaluate(model, test_x, test_y)))
-            report(f"{method} n={n}: iteration {it + 1}/{iters}, test accuracy "
+            report(f"{method} n={n}: iteration {it + 1}/{iters}, "
+                   f"{'test accuracy' if metric == 'accuracy' else 'validation loss'} "
                    f"{curve[-1][1]:.4f} ({time.perf_counter() - start:.0f} s)")
 
     if not sparse:
@@ -232,16 +330,22 @@ def train(method: str, *, n: int, density: float, epochs: float, seed: int = 1,
                     if reducer.applied is not None:
                         applied = reducer.applied
                         diagnosis.record(it, summed, applied, aggregate, residual_norm)
-                    apply(it, aggregate)
-                    if reducer.applied is not None and reducer.compressor.masks(n):
-                        mask_momentum(optimizer, layout.params, layout.slices, applied)
+                    masks = reducer.applied is not None and reducer.compressor.masks()
+                    apply(it, aggregate, reducer.applied if masks else None)
+                    if masks:
+                        mask_momentum(optimizer, layout.params, layout.slices, applied,
+                                      full=reducer.compressor.momentum_masking is True)
                 group.share(rank, None)  # the weights are updated before the next step
 
         group.run(rank_body)
     final = curve[-3:]
+    final_value = sum(a for _, a in final) / len(final)
     return {"method": method, "n": n, "density": density, "epochs": epochs, "seed": seed,
-            "peak_lr": peak, "iterations": iters,
-            "final_accuracy": sum(a for _, a in final) / len(final), "curve": curve,
+            "dataset": dataset, "model": model_name, "optimizer": optimizer_name,
+            "lr": lr, "lr_scaling": lr_scaling, "peak_lr": peak, "iterations": iters,
+            "metric": metric, "final_metric": final_value,
+            **({"final_accuracy": final_value} if metric == "accuracy" else {}),
+            "curve": curve,
             "bytes_per_step": sum(sent) / len(sent), "diagnosis": diagnosis.rows,
             "cut_steps": cuts[0],
             # Steps the device-side choice left to the host rule (HOROVOD_MICRO_SELECT=torch)
@@ -250,8 +354,19 @@ def train(method: str, *, n: int, density: float, epochs: float, seed: int = 1,
             "weights": torch.cat([p.detach().reshape(-1) for p in layout.params])}
 
 
+def final_metric(run: dict) -> float:
+    """A run's final metric (records older than ``final_metric`` hold accuracy only)."""
+    return run["final_metric"] if "final_metric" in run else run["final_accuracy"]
+
+
+def format_metric(value: float, metric: str) -> str:
+    """Accuracy as a percentage, a loss to 3 decimals."""
+    return f"{value:.2%}" if metric == "accuracy" else f"{value:.3f}"
+
+
 def table(runs: Sequence[dict]) -> str:
-    """Final accuracy (mean over seeds) and bytes per rank per step, methods by n."""
+    """Final metric (accuracy, or validation loss; mean over seeds) and bytes per rank per
+    step, methods by n."""
     ns = sorted({r["n"] for r in runs})
     methods = list(dict.fromkeys(r["method"] for r in runs))
     lines = ["| method | " + " | ".join(f"n = {n}" for n in ns) + " |",
@@ -263,9 +378,10 @@ def table(runs: Sequence[dict]) -> str:
             if not rs:
                 cells.append("")
                 continue
-            acc = sum(r["final_accuracy"] for r in rs) / len(rs)
+            value = sum(final_metric(r) for r in rs) / len(rs)
             kb = sum(r["bytes_per_step"] for r in rs) / len(rs) / 1e3
-            cells.append(f"{acc:.2%} ({kb:,.0f} KB)")
+            cells.append(f"{format_metric(value, rs[0].get('metric', 'accuracy'))} "
+                         f"({kb:,.0f} KB)")
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -296,14 +412,16 @@ def figures(runs: Sequence[dict], out: Path) -> None:
 
     out.mkdir(parents=True, exist_ok=True)
     methods = list(dict.fromkeys(r["method"] for r in runs))
-    for key, name, label, log in (("final_accuracy", "scaling-accuracy.png",
-                                   "final test accuracy", False),
-                                  ("bytes_per_step", "scaling-bytes.png",
+    loss = any(r.get("metric", "accuracy") != "accuracy" for r in runs)
+    for key, name, label, log in ((final_metric, "scaling-val-loss.png" if loss else
+                                   "scaling-accuracy.png", "final validation loss" if loss
+                                   else "final test accuracy", False),
+                                  (lambda r: r["bytes_per_step"], "scaling-bytes.png",
                                    "bytes sent per rank per step", True)):
         fig, ax = plt.subplots(figsize=(6.4, 4.2))
         for method in methods:
             ns = sorted({r["n"] for r in runs if r["method"] == method})
-            ys = [sum(r[key] for r in runs if r["method"] == method and r["n"] == n)
+            ys = [sum(key(r) for r in runs if r["method"] == method and r["n"] == n)
                   / sum(1 for r in runs if r["method"] == method and r["n"] == n) for n in ns]
             ax.plot(ns, ys, marker="o", label=method)
         ax.set_xscale("log", base=2)
@@ -327,19 +445,32 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--methods", nargs="+", default=DEFAULT_METHODS,
                    help="dense, or a registered method with optional keyword arguments "
                         "(micro:momentum_masking=False)")
-    p.add_argument("--workers", type=int, nargs="+", default=[2, 4, 8, 16])
+    p.add_argument("--workers", type=int, nargs="+", default=[2, 3, 4, 5, 6, 7, 8, 12, 16])
     p.add_argument("--density", type=float, default=0.01)
     p.add_argument("--epochs", type=float, default=3.0)
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default="nesterov",
+                   help="nesterov (SGD, Nesterov momentum 0.9, weight decay 1e-4), momentum "
+                        "(the same without Nesterov), sgd (no momentum), adam, adamw "
+                        "(weight decay 0.01)")
+    p.add_argument("--lr", type=float, default=None,
+                   help="base lr, scaled by --lr-scaling (default: 0.1 for the SGD family, "
+                        "1e-3 for adam and adamw)")
+    p.add_argument("--lr-scaling", choices=LR_SCALINGS, default=None,
+                   help="peak lr = lr * n * batch / 128 (linear; the SGD family's default), "
+                        "lr * sqrt(n * batch / 128) (sqrt; the Adam family's), or lr (none)")
     p.add_argument("--lr-cap", type=float, default=None,
-                   help="cap the linearly scaled peak lr (large n)")
+                   help="cap the scaled peak lr (large n)")
     p.add_argument("--seeds", type=int, nargs="+", default=[1])
     p.add_argument("--dataset", default="fashion-mnist")
-    p.add_argument("--model", default="fmnist_mlp")
+    p.add_argument("--model", default="fmnist_mlp",
+                   help="fmnist_mlp, fmnist_lenet, digits_cnn, ...; text_transformer with "
+                        "--dataset python-text")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--figures", type=Path, default=None)
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args(argv)
+    lr, lr_scaling = optimizer_defaults(args.optimizer, args.lr, args.lr_scaling)
     torch.set_num_threads(args.threads)
     runs = []
     previous = json.loads(args.json.read_text())["runs"] if args.json and args.json.exists() \
@@ -347,16 +478,23 @@ def main(argv: Sequence[str] | None = None) -> None:
     for seed in args.seeds:
         for n in args.workers:
             for method in args.methods:
+                # Records older than the optimizer choice ran the default recipe.
                 done = [r for r in previous if (r["method"], r["n"], r["seed"],
-                                                r["density"], r["epochs"])
-                        == (method, n, seed, args.density, args.epochs)]
+                                                r["density"], r["epochs"],
+                                                r.get("optimizer", "nesterov"),
+                                                r.get("lr", 0.1),
+                                                r.get("lr_scaling", "linear"))
+                        == (method, n, seed, args.density, args.epochs, args.optimizer,
+                            lr, lr_scaling)]
                 run = done[0] if done else train(
                     method, n=n, density=args.density, epochs=args.epochs, seed=seed,
-                    dataset=args.dataset, model_name=args.model, lr_cap=args.lr_cap,
+                    dataset=args.dataset, model_name=args.model, optimizer=args.optimizer,
+                    lr=lr, lr_scaling=lr_scaling, lr_cap=args.lr_cap,
                     report=(lambda _: None) if args.quiet else print)
                 run.pop("weights", None)
                 runs.append(run)
-                print(f"{method} n={n} seed={seed}: final {run['final_accuracy']:.2%}, "
+                print(f"{method} n={n} seed={seed}: final "
+                      f"{format_metric(final_metric(run), run.get('metric', 'accuracy'))}, "
                       f"{run['bytes_per_step'] / 1e3:,.1f} KB/step/rank "
                       f"({run['seconds']:.0f} s)", flush=True)
                 if args.json and not done:

@@ -9,91 +9,181 @@ becomes unstable (training degrades instead of converging), and it is worse the 
 coordinates wait, which is the case when each coordinate is judged by one worker's view
 (MiCRO) and grows with the number of workers.
 
-What. After the wrapped optimizer's step, the momentum buffer is cleared at the
-coordinates that just received an aggregate. This is the momentum factor masking of Deep
-Gradient Compression (Lin et al., ICLR 2018, Sec. 3.2), applied to the wrapped optimizer's
-own buffer: the burst is applied in that step (with Nesterov's look-ahead factor
-``1 + m``), and the momentum does not carry it on. Coordinates that received nothing keep
-their momentum. Every rank applies the same aggregate at the same coordinates, so the
-buffers stay identical across ranks.
+What. After the wrapped optimizer's step, the momentum buffer is scaled down (or cleared)
+at the coordinates that just received an aggregate. This is the momentum factor masking of
+Deep Gradient Compression (Lin et al., ICLR 2018, Sec. 3.2), applied to the wrapped
+optimizer's own buffer: the burst is applied in that step (with Nesterov's look-ahead
+factor ``1 + m``), and the momentum carries on only what is kept of it. Coordinates that
+received nothing keep their momentum. Every rank applies the same aggregate at the same
+coordinates, so the buffers stay identical across ranks.
 
-It acts on every optimizer whose parameter groups set ``momentum > 0`` and whose
-per-parameter state then holds a ``momentum_buffer`` (``torch.optim.SGD``, ``RMSprop``).
-Adam and AdamW keep their first moment in ``exp_avg`` and are not masked: asking for masking
-there (``momentum_masking=True``) is refused on every rank when the optimizer is wrapped,
-and MiCRO's default warns once, on the set's first rank, where it would have masked. A
-``step()`` that should have masked and found no buffer at all raises, so masking is never
-silently off; ``opt.last_stats.momentum_masked`` says how many parameters were masked.
-Never at density 1 (:meth:`~horovod_micro.compressors.base.Compressor.masks`).
+How much. Unmasked, a burst moves the weights by ``lr / (1 - m)`` times itself over the
+following steps; cleared, by ``lr (1 + m)`` with Nesterov (``lr`` with heavy ball): about
+a fifth at ``m = 0.9``, which is what cures the instability and also what slows a short
+run at a small learning rate. MiCRO's default (``momentum_masking=None``) keeps the carry
+in between, from the learning rate of the parameter's group at each step: at or below
+:data:`SAFE_LR` nothing is masked; above it a fraction of the burst stays in the buffer,
+chosen so that the burst's whole effect is that of a burst at ``SAFE_LR`` unmasked
+(:func:`kept_fraction`), until the buffer is cleared outright (at ``lr`` about ``0.26``
+with Nesterov). The rule is continuous in the learning rate, so in the number of ranks
+under linear scaling; it does not depend on a rank count. ``True`` always clears (the
+first thing to try when a sparse run diverges), ``False`` never masks (the method as
+published). The baselines default to ``False``.
 
-Tuning: the compressor's ``momentum_masking`` argument. MiCRO's default (``None``) masks
-from 8 ranks on: there the linearly scaled learning rate makes the momentum's re-applied
-bursts diverge, while on fewer ranks the momentum's acceleration is worth more than the
-protection (short runs converge markedly slower with masking). ``True`` masks at any size,
-the first thing to try when a sparse run diverges; ``False`` never masks (the method as
-published, with the momentum applied to the sparse aggregate like to a dense gradient).
-The baselines default to ``False``.
+Which optimizers. SGD and RMSprop with ``momentum > 0`` (``momentum_buffer``), as above.
+Adam and AdamW (``exp_avg``): their first moment applies only ``1 - beta1`` of a burst in
+its step and spreads the rest over the following ones, so clearing it after the step
+alone would drop nine tenths of every burst. Instead the first moment at the burst's
+coordinates is set before the step so that the step's bias-corrected first moment there is
+the burst itself (:func:`prime_first_moment`), and cleared after it: the burst is applied
+whole, once, normalised by the second moment as Adam normalises a gradient. The second
+moment (``exp_avg_sq``) is left to Adam. This is the default (and ``True``) with Adam at
+any learning rate. ``momentum_masking=True`` with an optimizer that keeps no momentum (SGD
+without momentum) is refused on every rank when the optimizer is wrapped, and MiCRO's
+default warns there once. A ``step()`` that should have
+masked and found no buffer at all raises, so masking is never silently off;
+``opt.last_stats.momentum_masked`` says how many parameters were masked. Never at density
+1 (:meth:`~horovod_micro.compressors.base.Compressor.masks`).
 """
 
 from __future__ import annotations
 
 import warnings
+from contextlib import contextmanager
 
 import torch
 
+#: The per-parameter optimizer state that carries a gradient on to later steps, by torch's
+#: names: SGD's and RMSprop's momentum, Adam's and AdamW's first moment.
+CARRIERS = ("momentum_buffer", "exp_avg")
+#: MiCRO's default masking keeps a burst's effect to at most what it has at this learning
+#: rate unmasked: the linearly scaled rate of 2 workers of batch 32 at the usual base lr
+#: 0.1 per 128 samples.
+SAFE_LR = 0.05
 
-def keeps_momentum_buffer(param_groups: list[dict]) -> bool:
-    """Whether a torch optimizer with these parameter groups keeps a ``momentum_buffer``
-    to mask (torch's convention: a group's ``momentum > 0``, as SGD and RMSprop have)."""
-    return any(isinstance(g.get("momentum"), int | float) and g["momentum"] > 0
-               for g in param_groups)
+
+def keeps_momentum(param_groups: list[dict]) -> bool:
+    """Whether a torch optimizer with these parameter groups carries gradients on to later
+    steps (torch's conventions: a group's ``momentum > 0``, as SGD and RMSprop have, or
+    ``betas[0] > 0``, as Adam and AdamW have)."""
+    def carries(g):
+        m = g.get("momentum", 0) if "betas" not in g else g["betas"][0]
+        return isinstance(m, int | float) and m > 0
+    return any(carries(g) for g in param_groups)
 
 
 def masking_error(compression, param_groups: list[dict]) -> str | None:
     """Why masking cannot do what was asked of it, or None: ``momentum_masking=True``
     where the wrapped optimizer keeps nothing to mask."""
-    if getattr(compression, "momentum_masking", None) is True and not keeps_momentum_buffer(
+    if getattr(compression, "momentum_masking", None) is True and not keeps_momentum(
             param_groups):
         return (f"{compression.name}: momentum_masking=True, but the wrapped optimizer keeps "
-                "no momentum buffer to mask (masking clears torch's 'momentum_buffer', kept "
-                "by SGD and RMSprop with momentum > 0; Adam's and AdamW's 'exp_avg' is not "
-                "masked): pass momentum_masking=None or False")
+                "no momentum buffer to mask (masking acts on SGD's and RMSprop's "
+                "'momentum_buffer' with momentum > 0, and Adam's and AdamW's 'exp_avg'): pass "
+                "momentum_masking=None or False")
     return None
 
 
-def warn_if_unmaskable(compression, param_groups: list[dict], size: int, first: bool) -> None:
-    """On the set's first rank (``first``): warn once where the method's default would
-    mask at ``size`` ranks but the wrapped optimizer has no momentum buffer."""
+def warn_if_unmaskable(compression, param_groups: list[dict], first: bool) -> None:
+    """On the set's first rank (``first``): warn once where the method's default masks but
+    the wrapped optimizer has no momentum buffer."""
     if (first and getattr(compression, "momentum_masking", True) is None
-            and compression.masks(size) and not keeps_momentum_buffer(param_groups)):
-        warnings.warn(f"horovod_micro: {compression.name} masks the momentum from "
-                      f"{compression.masks_momentum_from} ranks by default, but the wrapped "
-                      "optimizer keeps no momentum buffer (Adam, AdamW, SGD without "
-                      "momentum): nothing is masked (opt.last_stats.momentum_masked is 0)",
-                      stacklevel=4)
+            and compression.masks() and not keeps_momentum(param_groups)):
+        warnings.warn(f"horovod_micro: {compression.name} masks the momentum by default, "
+                      "but the wrapped optimizer keeps no momentum (SGD without momentum): "
+                      "nothing is masked (opt.last_stats.momentum_masked is 0)", stacklevel=4)
 
 
-def mask_momentum(optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter],
-                  slices: list[tuple[int, int]], indices: torch.Tensor) -> int:
-    """Zero each parameter's ``momentum_buffer`` at the flat ``indices`` (coordinates of
-    the flat vector that ``params`` and their ``[start, end)`` ``slices`` make up).
-    Returns how many parameters had a buffer to mask."""
-    if indices.numel() == 0:
-        return 0
+def kept_fraction(group: dict, full: bool) -> float:
+    """The fraction of an arrived burst that a parameter group's momentum keeps carrying:
+    0 with ``full`` masking (``momentum_masking=True``). MiCRO's default scales the carry
+    so that a burst moves the weights by at most what the same gradient would move them
+    at a learning rate of :data:`SAFE_LR` without masking: nothing is masked at or below
+    that rate, and the carry shrinks continuously above it (see the module docstring)."""
+    if full or "betas" in group:  # Adam's burst is applied whole, then cleared
+        return 0.0
+    lr, m = float(group.get("lr", 0.0)), float(group.get("momentum", 0.0) or 0.0)
+    if m <= 0.0 or lr <= SAFE_LR:
+        return 1.0
+    wanted = SAFE_LR / lr  # the burst's share of its unmasked effect, 1 / (1 - m)
+    # A burst's effect relative to the unmasked one when a fraction c of it stays in the
+    # buffer: Nesterov applies it with 1 + m at once and c m^2 / (1 - m) later, heavy ball
+    # with 1 and c m / (1 - m).
+    floor, slope = (1.0 - m * m, m * m) if group.get("nesterov") else (1.0 - m, m)
+    return min(1.0, max(0.0, (wanted - floor) / slope))
+
+
+def per_parameter(slices: list[tuple[int, int]], indices: torch.Tensor):
+    """``(i, local)`` for each parameter ``i`` that holds some of the flat ``indices``
+    (coordinates of the flat vector that the parameters' ``[start, end)`` ``slices`` make
+    up), ``local`` being those coordinates within it."""
     ordered = torch.sort(indices.long()).values
     starts = torch.tensor([s for s, _ in slices] + [slices[-1][1]], device=ordered.device)
     cuts = torch.searchsorted(ordered, starts).tolist()
+    for i in range(len(slices)):
+        if cuts[i] < cuts[i + 1]:
+            yield i, ordered[cuts[i]:cuts[i + 1]] - slices[i][0]
+
+
+def prime_first_moment(optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter],
+                       slices: list[tuple[int, int]], indices: torch.Tensor) -> None:
+    """Before an Adam or AdamW step: at the flat ``indices`` where a burst arrived, set
+    ``exp_avg`` to ``g (1 - beta1^(t-1))`` (``g`` the parameter's gradient there, ``t``
+    the step about to run), so that the step's bias-corrected first moment there is the
+    burst itself: applied whole in its step (and cleared after it by
+    :func:`mask_momentum`), where Adam would apply ``1 - beta1`` of it now and the rest
+    over the following steps. Other optimizers' state is left alone."""
+    if indices.numel() == 0:
+        return
+    groups = {id(p): g for g in optimizer.param_groups for p in g["params"]}
+    for i, at in per_parameter(slices, indices):
+        p = params[i]
+        group, state = groups.get(id(p), {}), optimizer.state.get(p, {})
+        if "betas" not in group or "exp_avg" not in state or p.grad is None:
+            continue  # not Adam, or its first step (a first moment of 0 gives g there)
+        carry = 1.0 - group["betas"][0] ** int(state["step"])
+        moment = state["exp_avg"].view(-1)
+        moment.index_copy_(0, at, p.grad.reshape(-1).index_select(0, at) * carry)
+
+
+def mask_momentum(optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter],
+                  slices: list[tuple[int, int]], indices: torch.Tensor, *,
+                  full: bool = True) -> int:
+    """Clear each parameter's carried momentum (``momentum_buffer``; ``exp_avg``) at the
+    flat ``indices`` (coordinates of the flat vector that ``params`` and their
+    ``[start, end)`` ``slices`` make up): zero it with ``full`` or for Adam, else scale it
+    by its group's :func:`kept_fraction`. Returns how many parameters had a buffer masked."""
+    if indices.numel() == 0:
+        return 0
+    groups = {id(p): g for g in optimizer.param_groups for p in g["params"]}
     masked = 0
-    for i, p in enumerate(params):
-        lo, hi = cuts[i], cuts[i + 1]
-        if lo == hi:
+    for i, at in per_parameter(slices, indices):
+        p = params[i]
+        state = optimizer.state.get(p, {})
+        buffer = next((state[key] for key in CARRIERS if key in state), None)
+        kept = kept_fraction(groups.get(id(p), {}), full)
+        if buffer is None or kept >= 1.0:
             continue
-        buffer = optimizer.state.get(p, {}).get("momentum_buffer")
-        if buffer is None:
-            continue
-        buffer.view(-1).index_fill_(0, ordered[lo:hi] - slices[i][0], 0.0)
+        if kept == 0.0:
+            buffer.view(-1).index_fill_(0, at, 0.0)
+        else:
+            flat = buffer.view(-1)
+            flat.index_copy_(0, at, flat.index_select(0, at) * kept)
         masked += 1
     return masked
+
+
+@contextmanager
+def masking(optimizer: torch.optim.Optimizer, reducer):
+    """Around the wrapped optimizer's step (``reducer``: a
+    :class:`~horovod_micro.reducer.SparseReducer`, or None for a dense path): Adam's first
+    moment primed before it, the momentum masked after it, where the compressor masks."""
+    if reducer is not None and reducer.applied is not None and reducer.compressor.masks():
+        prime_first_moment(optimizer, reducer.layout.params, reducer.layout.slices,
+                           reducer.applied)
+    yield
+    if reducer is not None:
+        mask_applied(optimizer, reducer)
 
 
 def mask_applied(optimizer: torch.optim.Optimizer, reducer) -> None:
@@ -105,16 +195,18 @@ def mask_applied(optimizer: torch.optim.Optimizer, reducer) -> None:
     same optimizer state, so every rank raises alike)."""
     applied, reducer.applied = reducer.applied, None
     masked = 0
-    if (applied is not None and reducer.compressor.masks(reducer.comm.size)
-            and keeps_momentum_buffer(optimizer.param_groups)):
+    if (applied is not None and reducer.compressor.masks()
+            and keeps_momentum(optimizer.param_groups)):
         masked = mask_momentum(optimizer, reducer.layout.params, reducer.layout.slices,
-                               applied)
+                               applied, full=reducer.compressor.momentum_masking is True)
         if masked == 0 and applied.numel() > 0 and not any(
-                "momentum_buffer" in optimizer.state.get(p, {}) for p in reducer.layout.params):
+                key in optimizer.state.get(p, {}) for p in reducer.layout.params
+                for key in CARRIERS):
             raise RuntimeError(
                 f"horovod_micro: {reducer.compressor.name}'s momentum masking found no "
                 f"momentum buffer in the wrapped {type(optimizer).__name__}'s state after "
-                "its step, so nothing was masked: masking clears torch's 'momentum_buffer' "
-                "(SGD, RMSprop with momentum > 0); pass momentum_masking=False")
+                "its step, so nothing was masked: masking acts on torch's 'momentum_buffer' "
+                "(SGD, RMSprop with momentum > 0) and 'exp_avg' (Adam, AdamW); pass "
+                "momentum_masking=False")
     if reducer.last_stats is not None and applied is not None:
         reducer.last_stats.momentum_masked = masked

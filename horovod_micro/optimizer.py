@@ -34,7 +34,7 @@ from .elastic import ElasticMethods, ElasticOptimizer
 from .exchange import Comm
 from .hooks import HookMethods
 from .layout import FlatLayout
-from .momentum import mask_applied, warn_if_unmaskable
+from .momentum import masking, warn_if_unmaskable
 from .naming import collective_prefix, name_parameters
 from .optimizer_state import CheckpointMethods
 from .reducer import SparseReducer
@@ -108,8 +108,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                           ReduceOp(op, *self._scale_factors()),
                                           stats_callback=self._record,
                                           zero_copy=zero_copy and grad_scaler is None)
-            warn_if_unmaskable(compression, self.param_groups, process_set.size(),
-                               process_set.rank() == 0)
+            warn_if_unmaskable(compression, self.param_groups, process_set.rank() == 0)
         else:
             self._groups = resolve_groups(groups, self._layout)
         if self._sparse or hvd.size() > 1 or os.environ.get("HOROVOD_ELASTIC") == "1":
@@ -212,10 +211,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                               "optimizer.synchronize() in your code.", stacklevel=2)
             self.synchronize()
         self._synchronized = self._exchanged = False
-        result = super(self.__class__, self).step(closure)
-        if self._reducer is not None:
-            mask_applied(self, self._reducer)
-        return result
+        with masking(self, self._reducer):
+            return super(self.__class__, self).step(closure)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         if self._handles or any(self._passes.values()):

@@ -1,5 +1,6 @@
 """Datasets and loaders: sklearn's digits (embedded default), Fashion-MNIST, CIFAR-10/100,
-synthetic.
+synthetic, and ``python-text`` (byte sequences of the standard library's sources, for the
+scaling benchmark's language model).
 
 CIFAR goes through torchvision's own ``CIFAR10``/``CIFAR100`` classes, which verify every
 file's md5 against the real archive. Tests run the same classes on small CIFAR-format files
@@ -12,6 +13,7 @@ skips the check.
 from __future__ import annotations
 
 import os
+import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +36,12 @@ CIFAR_LAYOUT = {
                  "data_batch_5", "test_batch", "batches.meta"]),
     "cifar100": ("cifar-100-python", ["train", "test", "meta"]),
 }
+#: python-text: tokens per sequence, training sequences (a subsample fixed by the seed),
+#: validation sequences (fixed), and the folders of the standard library left out.
+TEXT_CONTEXT = 64
+TEXT_TRAIN_SEQUENCES = 32_768
+TEXT_TEST_SEQUENCES = 2_000
+TEXT_EXCLUDED = frozenset({"test", "tests", "idlelib", "site-packages"})
 
 
 @dataclass
@@ -58,7 +66,7 @@ def build_datasets(name: str, data_dir: str | os.PathLike | None = None,
                    cache_dir: str | os.PathLike | None = None) -> Datasets:
     """The horovod_micro_train/test :class:`Datasets` called ``name`` (digits, fashion-mnist,
     cifar10,
-    cifar100, synthetic). ``data_dir`` defaults to ``data`` for CIFAR and to Debian's
+    cifar100, synthetic, python-text). ``data_dir`` defaults to ``data`` for CIFAR and to Debian's
     location for Fashion-MNIST. ``cifar_classes`` replaces torchvision's classes (tests
     only); ``cache_dir`` replaces Fashion-MNIST's decompressed cache (default
     ``~/.cache/horovod-micro``)."""
@@ -68,6 +76,8 @@ def build_datasets(name: str, data_dir: str | os.PathLike | None = None,
         return synthetic_datasets(synthetic_size, seed)
     if name == "fashion-mnist":
         return fashion_mnist_datasets(Path(data_dir or fashion_mnist.DEBIAN_DIR), cache_dir)
+    if name == "python-text":
+        return python_text_datasets(seed, data_dir)
     if name in CIFAR_LAYOUT:
         classes = cifar_classes or _default_cifar_classes()
         return cifar_datasets(name, Path(data_dir or "data"), download, classes[name])
@@ -114,6 +124,52 @@ def synthetic_datasets(size: int, seed: int, num_classes: int = 10) -> Datasets:
         return TensorDataset(torch.randn(n, 3, 32, 32, generator=gen),
                              torch.randint(0, num_classes, (n,), generator=gen))
     return Datasets(make(size), make(max(size // 8, 1)), num_classes, 3, 32)
+
+
+def python_text_files(root: str | os.PathLike | None = None) -> tuple[list[Path], list[Path]]:
+    """The ``.py`` files under ``root`` (default: the running interpreter's standard library,
+    ``sysconfig.get_paths()['stdlib']``), sorted by relative path, outside folders named
+    in :data:`TEXT_EXCLUDED`; split by file: every 10th (0th, 10th, ...) is held out for
+    validation. Returns (training files, validation files)."""
+    base = Path(root or sysconfig.get_paths()["stdlib"])
+    found = []
+    for folder, dirs, names in os.walk(base):
+        dirs[:] = [d for d in dirs if d not in TEXT_EXCLUDED]
+        found += [Path(folder, name) for name in names if name.endswith(".py")]
+    files = sorted(found, key=lambda path: path.relative_to(base).as_posix())
+    if not files:
+        raise DataNotFoundError(f"python-text: no .py files under {base}")
+    return ([f for i, f in enumerate(files) if i % 10], files[::10])
+
+
+def byte_sequences(files: list[Path], count: int, context: int,
+                   generator: torch.Generator) -> TensorDataset:
+    """``count`` (input, target) pairs of ``context`` bytes (int64 token ids), target = input
+    shifted by one: the files' bytes concatenated in order, cut into non-overlapping
+    windows of ``context + 1`` bytes, of which ``count`` are drawn without replacement."""
+    data = torch.frombuffer(bytearray(b"".join(f.read_bytes() for f in files)),
+                            dtype=torch.uint8)
+    windows = data[:len(data) // (context + 1) * (context + 1)].view(-1, context + 1)
+    if count > len(windows):
+        raise ValueError(f"python-text: {count} sequences asked, {len(windows)} available")
+    chosen = windows[torch.randperm(len(windows), generator=generator)[:count]].long()
+    return TensorDataset(chosen[:, :-1].contiguous(), chosen[:, 1:].contiguous())
+
+
+def python_text_datasets(seed: int = 0, root: str | os.PathLike | None = None,
+                         train_size: int = TEXT_TRAIN_SEQUENCES,
+                         test_size: int = TEXT_TEST_SEQUENCES,
+                         context: int = TEXT_CONTEXT) -> Datasets:
+    """Byte-level language modelling on Python's own sources (:func:`python_text_files`):
+    ``train_size`` training sequences drawn with ``seed`` from the training files, and a
+    fixed ``test_size`` validation sequences (drawn with seed 0, whatever ``seed``) from the
+    held-out files. Vocabulary 256 (``num_classes``); ``in_channels`` 1 and
+    ``image_size`` the context length."""
+    train_files, test_files = python_text_files(root)
+    train = byte_sequences(train_files, train_size, context,
+                           torch.Generator().manual_seed(seed))
+    test = byte_sequences(test_files, test_size, context, torch.Generator().manual_seed(0))
+    return Datasets(train, test, 256, 1, context)
 
 
 def cifar_datasets(name: str, root: Path, download: bool, cls: type) -> Datasets:

@@ -11,7 +11,7 @@ LR, MOMENTUM, WEIGHT_DECAY = 0.05, 0.9, 1e-3
 
 
 def masked_steps(method="micro", density=0.05, iterations=8, masking=None, nesterov=True,
-                 seed=0):
+                 seed=0, lr=LR):
     """Train a two-layer MLP; per step, what the independent check needs: the weights and
     momentum buffers before the step, the aggregate the wrapped optimizer received, and
     the weights and buffers after it (flat lists, parameters in name order)."""
@@ -20,7 +20,7 @@ def masked_steps(method="micro", density=0.05, iterations=8, masking=None, neste
                                 torch.nn.Linear(16, 3))
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     kwargs = {} if masking is None else {"momentum_masking": masking}
-    base = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM, nesterov=nesterov,
+    base = torch.optim.SGD(model.parameters(), lr=lr, momentum=MOMENTUM, nesterov=nesterov,
                            weight_decay=WEIGHT_DECAY)
     opt = hvm.DistributedOptimizer(base, named_parameters=model.named_parameters(),
                                    compression=getattr(hvm.Compression, method)(
@@ -48,12 +48,14 @@ def masked_steps(method="micro", density=0.05, iterations=8, masking=None, neste
         steps.append({**{f"{k}_before": v for k, v in before.items()},
                       "aggregate": aggregate, "weights": flat(params), "buffers": buffers(),
                       "applied": opt.last_stats.global_count})
-    return {"steps": steps, "masking": opt.compression.masks(hvd.size())}
+    return {"steps": steps, "masking": opt.compression.masks(),
+            "masked": opt.last_stats.momentum_masked}
 
 
 def with_optimizer(kind: str, masking=None, density=0.05, compression="micro",
-                   iterations=4) -> dict:
-    """Wrap ``kind`` (``adam``, ``adamw``, ``sgd``: momentum 0.9) and train a few steps;
+                   iterations=4, lr=LR) -> dict:
+    """Wrap ``kind`` (``adam``, ``adamw``, ``sgd``: momentum 0.9, ``plain``: SGD without
+    momentum) and train a few steps;
     whatever wrapping raised, the warnings it gave on this rank, what each step recorded as
     masked, and this rank's weights."""
     import warnings
@@ -64,7 +66,8 @@ def with_optimizer(kind: str, masking=None, density=0.05, compression="micro",
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     base = {"adam": lambda p: torch.optim.Adam(p, lr=1e-2),
             "adamw": lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.01),
-            "sgd": lambda p: torch.optim.SGD(p, lr=LR, momentum=MOMENTUM)}[kind](
+            "sgd": lambda p: torch.optim.SGD(p, lr=lr, momentum=MOMENTUM),
+            "plain": lambda p: torch.optim.SGD(p, lr=lr)}[kind](
         model.parameters())
     if compression == "none":
         method = hvm.Compression.none
@@ -89,3 +92,42 @@ def with_optimizer(kind: str, masking=None, density=0.05, compression="micro",
     weights = torch.cat([p.detach().reshape(-1) for _, p in sorted(model.named_parameters())])
     return {"raised": None, "warnings": [str(w.message) for w in caught], "masked": masked,
             "weights": weights.tolist()}
+
+
+def adamw_steps(masking=None, density=0.05, iterations=6, seed=0):
+    """AdamW (lr 0.01, weight decay 0.01) wrapped with MiCRO; per step what the independent
+    check needs: weights and both moments before, the aggregate, the step count, and
+    weights and moments after (flat lists, parameters in name order)."""
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.ReLU(),
+                                torch.nn.Linear(16, 3))
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    base = torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.01)
+    kwargs = {} if masking is None else {"momentum_masking": masking}
+    opt = hvm.DistributedOptimizer(base, named_parameters=model.named_parameters(),
+                                   compression=hvm.Compression.micro(density=density, **kwargs))
+    params = [p for _, p in sorted(model.named_parameters())]
+
+    def flat(tensors):
+        return torch.cat([t.detach().reshape(-1) for t in tensors]).tolist()
+
+    def moment(key):
+        return flat(opt.state[p].get(key, torch.zeros_like(p)) for p in params)
+
+    gen = torch.Generator().manual_seed(100 + hvd.rank())
+    steps = []
+    for t in range(1, iterations + 1):
+        x, y = torch.randn(16, 12, generator=gen), torch.randint(0, 3, (16,), generator=gen)
+        before = {"weights": flat(params), "exp_avg": moment("exp_avg"),
+                  "exp_avg_sq": moment("exp_avg_sq")}
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.synchronize()
+        aggregate = flat(p.grad for p in params)
+        with opt.skip_synchronize():
+            opt.step()
+        steps.append({"t": t, "before": before, "aggregate": aggregate,
+                      "weights": flat(params), "exp_avg": moment("exp_avg"),
+                      "exp_avg_sq": moment("exp_avg_sq"),
+                      "masked": opt.last_stats.momentum_masked})
+    return steps

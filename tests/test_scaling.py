@@ -1,12 +1,17 @@
 """bench/scaling.py: n workers in one process through the real reducers (loopback ranks),
 checked against plain dense training and against its own records (scikit-learn's digits,
-no Horovod job: the benchmark needs none)."""
+no Horovod job: the benchmark needs none); the LeNet on Fashion-MNIST, the byte-level
+transformer on python-text, and the optimizers other than Nesterov's SGD, a few steps
+each."""
 
 import json
+import math
 
+import pytest
 import torch
 
 from bench.scaling import main, parse_method, train
+from horovod_micro.stats import ring_allreduce_bytes
 
 RUN = dict(epochs=0.2, dataset="digits", model_name="digits_cnn", report=lambda line: None)
 
@@ -55,3 +60,64 @@ def test_method_arguments():
     assert parse_method("micro") == ("micro", {})
     assert parse_method("micro:judge='magnitude',momentum_masking=False") == (
         "micro", {"judge": "magnitude", "momentum_masking": False})
+
+
+def dense_bytes(numel: int, n: int) -> int:
+    """What a dense run's rank sends per step: a ring allreduce of the fp32 gradient."""
+    return ring_allreduce_bytes(numel * 4, n)[0]
+
+
+def test_lenet_on_fashion_mnist_with_micro(tmp_path, monkeypatch):
+    """The CNN under vmap(grad) on the real 1x28x28 images; Nesterov's recipe recorded."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # Fashion-MNIST's decompressed copy
+    run = train("micro", n=4, density=0.01, epochs=0.02, dataset="fashion-mnist",
+                model_name="fmnist_lenet", optimizer="nesterov", report=lambda line: None)
+    assert run["iterations"] == round(0.02 * (60_000 // (32 * 4)))
+    assert run["weights"].numel() == 61_706 and run["weights"].isfinite().all()
+    assert (run["metric"], run["optimizer"], run["lr"], run["lr_scaling"]) == (
+        "accuracy", "nesterov", 0.1, "linear")
+    assert run["peak_lr"] == 0.1 * 32 * 4 / 128
+    assert 0.0 < run["final_accuracy"] == run["final_metric"] <= 1.0
+    assert 0 < run["bytes_per_step"] < dense_bytes(61_706, 4) / 5
+
+
+def test_text_transformer_on_python_text_with_adamw_and_micro():
+    """Token-level cross entropy on (batch, context); the metric is the validation loss,
+    which falls from its first evaluation and stays below a uniform guess's ln 256."""
+    run = train("micro", n=4, density=0.01, epochs=0.04, dataset="python-text",
+                model_name="text_transformer", optimizer="adamw", evaluations_per_epoch=64,
+                report=lambda line: None)
+    assert run["iterations"] == round(0.04 * (32_768 // (32 * 4)))
+    assert (run["metric"], run["optimizer"], run["lr"], run["lr_scaling"]) == (
+        "val_loss", "adamw", 1e-3, "sqrt")
+    assert run["peak_lr"] == pytest.approx(1e-3 * math.sqrt(32 * 4 / 128))
+    assert "final_accuracy" not in run
+    losses = [loss for _, loss in run["curve"]]
+    assert len(losses) >= 3 and all(math.isfinite(loss) for loss in losses)
+    assert losses[-1] < losses[0] < math.log(256) + 0.05
+    assert run["final_metric"] == pytest.approx(sum(losses[-3:]) / 3)
+    assert 0 < run["bytes_per_step"] < dense_bytes(137_216, 4) / 5
+
+
+def test_dense_with_adam_and_the_optimizer_in_the_records(tmp_path):
+    """Dense sends a ring allreduce of the whole gradient; Adam scales its lr by sqrt(n);
+    a run with another optimizer is trained, not reused from --json."""
+    run = train("dense", n=3, optimizer="adam", density=0.05, **RUN)
+    numel = run["weights"].numel()
+    assert run["bytes_per_step"] == dense_bytes(numel, 3)
+    assert (run["optimizer"], run["lr_scaling"]) == ("adam", "sqrt")
+    assert run["peak_lr"] == pytest.approx(1e-3 * math.sqrt(32 * 3 / 128))
+    assert 0.0 < run["final_accuracy"] <= 1.0
+    nesterov = train("dense", n=3, density=0.05, **RUN)
+    assert not torch.allclose(run["weights"], nesterov["weights"])
+
+    out = tmp_path / "scaling.json"
+    argv = ["--workers", "2", "--epochs", "0.2", "--dataset", "digits", "--model",
+            "digits_cnn", "--methods", "dense", "--quiet", "--json", str(out)]
+    main(argv)
+    main(argv + ["--optimizer", "adam", "--lr", "0.002", "--lr-scaling", "none"])
+    runs = json.loads(out.read_text())["runs"]
+    assert [(r["optimizer"], r["lr"], r["lr_scaling"], r["peak_lr"]) for r in runs] == [
+        ("nesterov", 0.1, "linear", 0.1 * 32 * 2 / 128), ("adam", 0.002, "none", 0.002)]
+    main(argv + ["--optimizer", "adam", "--lr", "0.002", "--lr-scaling", "none"])
+    assert len(json.loads(out.read_text())["runs"]) == 2  # reused

@@ -161,12 +161,12 @@ class Compressor:
             at the coordinates that received an aggregate, so that an error-feedback burst
             is applied once instead of being carried on by the momentum
             (:mod:`horovod_micro.momentum`). ``None`` (default): the method's own rule,
-            :attr:`masks_momentum_from`.
+            :attr:`masks_momentum`.
     """
 
     name = "sparse"
-    #: With ``momentum_masking=None``, mask from this many ranks on (None: never).
-    masks_momentum_from: int | None = None
+    #: With ``momentum_masking=None``, whether the method masks (at every number of ranks).
+    masks_momentum: bool = False
     #: Index slots per rank in the exchange's gather, one shape every step (None: exact
     #: variable sizes). A method whose count is bounded sets it when bound.
     slots: int | None = None
@@ -198,7 +198,7 @@ class Compressor:
         # Named only when it can mask, so that a state written before the option existed
         # (when no method masked) still matches a configuration that never masks.
         if self.momentum_masking or (self.momentum_masking is None
-                                     and self.masks_momentum_from is not None):
+                                     and self.masks_momentum):
             config["momentum_masking"] = ("auto" if self.momentum_masking is None
                                           else self.momentum_masking)
         return config
@@ -251,15 +251,16 @@ class Compressor:
         ``comm.size`` at every step)."""
         del size
 
-    def masks(self, size: int) -> bool:
-        """Whether momentum masking acts in a set of ``size`` ranks. Never at density 1:
-        every coordinate then gets this step's aggregate, nothing is a stale burst, and
-        clearing every momentum each step would turn the optimizer into plain SGD."""
+    def masks(self) -> bool:
+        """Whether momentum masking acts. Never at density 1: every coordinate then gets
+        this step's aggregate, nothing is a stale burst, and clearing every momentum each
+        step would turn the optimizer into plain SGD. Not a function of the number of
+        ranks: the bursts it cures come from error feedback at any size."""
         if self.density is not None and self.density >= 1.0:
             return False
         if self.momentum_masking is not None:
             return self.momentum_masking
-        return self.masks_momentum_from is not None and size >= self.masks_momentum_from
+        return self.masks_momentum
 
     @property
     def target_count(self) -> int:

@@ -19,7 +19,7 @@ Per iteration ``t`` on rank ``r`` of ``n``:
    Traffic per rank is O(k), independent of ``n``.
 4. Every rank zeroes its residual at the union (it sent its value there; with
    ``fp16_values`` it keeps the rounding error, :meth:`Compressor.wire_error`).
-5. With momentum masking (by default from 8 ranks, :mod:`horovod_micro.momentum`) the
+5. With momentum masking (on by default, :mod:`horovod_micro.momentum`) the
    wrapped optimizer's momentum is cleared where the aggregate arrived, after its step.
 6. The threshold is steered from what every rank knows after step 2 (the counts, and one
    integer per rank in the gather's header), so every rank holds the same controller state
@@ -141,8 +141,8 @@ class MicroCompressor(Compressor):
         momentum_masking: clear the wrapped optimizer's momentum where an aggregate
             arrived, after each step (:mod:`horovod_micro.momentum`): momentum re-applies
             a coordinate's burst for about ``1 / (1 - m)`` steps, which at the scaled
-            learning rate of many workers diverges. Default ``None``: on from 8 ranks;
-            ``True`` at any size (try it first when a run diverges); ``False`` as published.
+            learning rate of many workers diverges. Default ``None``: on, at every number
+            of ranks, where the wrapped optimizer keeps a momentum; ``False`` as published.
         capacity: index slots per rank, so that the collectives keep one shape (Horovod
             negotiates them once; NCCL runs one allgather, not a broadcast per rank).
             Default ``None``: ``ceil(1.2 k / n)`` with the bounded controller (bytes at
@@ -152,8 +152,8 @@ class MicroCompressor(Compressor):
             the residual; the controller learns from the count the threshold picked.
         error_feedback, fp16_values: see :class:`~horovod_micro.compressors.base.Compressor`.
 
-    Tune: ``density`` first; on 8 or more ranks keep the defaults (drift judge, momentum
-    masking); ``judge="magnitude", momentum_masking=False`` runs MiCRO as published.
+    Tune: ``density`` first, and keep the defaults (drift judge, momentum masking);
+    ``judge="magnitude", momentum_masking=False`` runs MiCRO as published.
 
     Example::
 
@@ -162,7 +162,7 @@ class MicroCompressor(Compressor):
     """
 
     name = "micro"
-    masks_momentum_from = 8
+    masks_momentum = True
     values_are_entries = True  # each rank's a_t at the union (or the slots; 0 if unused)
 
     def __init__(self, density: float = 0.001, *, initial_threshold: float | None = None,
