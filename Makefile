@@ -34,7 +34,7 @@ gpu-test: setup
 	$(PY) -m pytest -q gpu_tests
 
 lint: setup
-	$(VENV)/bin/ruff check horovod_micro horovod_micro_train tests bench gpu_tests jobs train
+	$(VENV)/bin/ruff check horovod_micro horovod_micro_train hvm_testbed tests bench gpu_tests jobs train
 
 # The CPU container image (docs/docker.md): docker build when a Docker engine answers,
 # else buildah with a local Debian base; image-test rebuilds (cached layers) and runs

@@ -44,7 +44,7 @@ from pathlib import Path
 
 from bench.common import mean, median, parse_method, random_batches
 from horovod_micro.compression import takes_density
-from horovod_micro.testing.launch import horovodrun_cmd, run_bounded
+from hvm_testbed.launch import horovodrun_cmd, run_bounded
 
 REPO = Path(__file__).resolve().parent.parent
 #: Without --methods: compute only, Horovod's dense exchanges, and every registered method

@@ -1,7 +1,7 @@
 """Shared helpers of the benchmarks: the ResNet-18 (CIFAR) model and timing utilities.
 
 Launching ranks (horovodrun command lines, bounded child processes):
-``horovod_micro.testing.launch``.
+``hvm_testbed.launch``.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from collections import Counter
 from pathlib import Path
 
 from bench.common import random_batches
-from horovod_micro.testing.launch import horovodrun_cmd, run_bounded
+from hvm_testbed.launch import horovodrun_cmd, run_bounded
 
 REPO = Path(__file__).resolve().parent.parent
 

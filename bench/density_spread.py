@@ -34,7 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from horovod_micro.testing.launch import horovodrun_cmd, run_bounded
+from hvm_testbed.launch import horovodrun_cmd, run_bounded
 
 REPO = Path(__file__).resolve().parent.parent
 CONTROLLERS = ("bounded", "scale", "newton", "paper")
@@ -90,7 +90,7 @@ def rank_body(spec: dict) -> None:
         # Every rank's own view of its selection, to tell which part fell short and why:
         # its threshold, the RMS its base threshold scaled (the scale-free controllers)
         # and whether it made the extra pass.
-        own.append([s.threshold, getattr(compression, "_scale", None), extra])
+        own.append([s.threshold, getattr(compression, "rms_scale", None), extra])
     per_rank = hvd.allgather_object(own)
     if hvd.rank() == 0:
         Path(spec["out"]).write_text(json.dumps({"numel": s.numel, "k": s.target_count,

@@ -23,7 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from horovod_micro.testing.launch import horovodrun_cmd, run_bounded
+from hvm_testbed.launch import horovodrun_cmd, run_bounded
 
 REPO = Path(__file__).resolve().parent.parent
 VARIANTS = {"dense": ["--compressor", "none"], "micro": ["--compressor", "micro"],

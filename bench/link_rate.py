@@ -1,4 +1,4 @@
-"""TCP rates across the emulated cluster's links (``horovod_micro.testing.cluster``): what a
+"""TCP rates across the emulated cluster's links (``hvm_testbed.cluster``): what a
 host can send and receive, alone and when links are shared.
 
     python -m bench.link_rate --rate 1gbit            # 3 hosts, the scenarios below
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", default="1gbit", help="tc rate per host and direction")
     parser.add_argument("--megabytes", type=int, default=40, help="bytes per stream (MB)")
     args = parser.parse_args(argv)
-    from horovod_micro.testing.cluster import Cluster
+    from hvm_testbed.cluster import Cluster
 
     total = args.megabytes << 20
     scenarios = {"one stream hvm2->hvm1": [("hvm2", "hvm1")],

@@ -65,7 +65,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from bench.common import median, random_batches
-from horovod_micro.testing.launch import horovodrun_cmd, run_bounded
+from hvm_testbed.launch import horovodrun_cmd, run_bounded
 
 REPO = Path(__file__).resolve().parent.parent
 #: label -> None (no exchange) or (DistributedOptimizer kwargs, environment[,

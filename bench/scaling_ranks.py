@@ -29,8 +29,8 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from horovod_micro.testing.launch import horovodrun_cmd, run_bounded
 from horovod_micro_train.records import read_jsonl
+from hvm_testbed.launch import horovodrun_cmd, run_bounded
 
 REPO = Path(__file__).resolve().parent.parent
 

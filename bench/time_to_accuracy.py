@@ -8,7 +8,7 @@ experiment at small scale (communication-bound model, Fashion-MNIST, one rank pe
     python -m bench.time_to_accuracy --hosts 4 --methods micro powersgd:rank=2
     python -m bench.time_to_accuracy --report-only             # tables and figures again
 
-Each cell is H hosts of ``horovod_micro.testing.cluster`` (network namespaces, one veth
+Each cell is H hosts of ``hvm_testbed.cluster`` (network namespaces, one veth
 per host with a tbf in both directions at the cell's rate, sshd in each), and each run is one
 ``horovodrun -np H -H hvm1:1,...,hvmH:1 --gloo python -m horovod_micro_train`` started in host hvm1,
 with the same seed and recipe for every method: ``wide_mlp`` (12.7M parameters, the
@@ -172,8 +172,8 @@ def train_argv(job: Job, args: argparse.Namespace, out: Path) -> list[str]:
 
 def run_jobs(plan: list[Job], args: argparse.Namespace) -> None:
     """Run every job of ``plan`` that has no summary yet, one cluster per cell."""
-    from horovod_micro.testing.cluster import Cluster
-    from horovod_micro.testing.launch import LaunchError, horovodrun
+    from hvm_testbed.cluster import Cluster
+    from hvm_testbed.launch import LaunchError, horovodrun
 
     by_cell: dict[Cell, list[Job]] = {}
     for job in plan:

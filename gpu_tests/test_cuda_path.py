@@ -23,7 +23,7 @@ from test_loopback import SPECS, check_baseline, check_micro
 from test_powersgd import STEPS, check_traces
 from test_zero_copy import ITERATIONS, NUMEL, SEED, check_variants
 
-from horovod_micro.testing.launch import run_bounded
+from hvm_testbed.launch import run_bounded
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -61,8 +61,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.grad_scaler = grad_scaler
         self.last_stats: StepStats | None = None
         self._synchronized = False
-        # A sparse exchange whose aggregate is still in .grad: no step(), zero_grad() or
-        # backward since. A second synchronize() then exchanges nothing (see synchronize).
+        # A sparse aggregate still in .grad: a second synchronize() exchanges nothing.
         self._exchanged = False
         self._should_synchronize = True
         self._closed = False
@@ -72,9 +71,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._reducer: SparseReducer | None = None
         self._comm: Comm | None = None  # built below, for a rank of the process set
         self._groups = None
-        # Set after construction and after load_state_dict: the next sparse exchange
-        # first adopts the iteration and the compressor's state of the set's first rank
-        # (Horovod's resume idiom loads on rank 0 only; see ``_adopt_shared_state``).
+        # Set after construction and load_state_dict: the next sparse exchange first adopts
+        # the set's first rank's iteration and compressor state (``_adopt_shared_state``).
         self._state_sync_pending = True
         # Whether load_state_dict ran since construction (see _check_same_parameters).
         self._loaded = False
@@ -132,6 +130,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def compression(self):
         """The compressor (for sparse methods: its threshold, density, state)."""
         return self._compression
+
+    @property
+    def reducer(self) -> SparseReducer | None:
+        """The sparse path (residual, statistics), read-only; None on a dense one."""
+        return self._reducer
 
     # ----- synchronize / step -------------------------------------------------------------
     def synchronize(self) -> None:

@@ -118,7 +118,7 @@ def main(cfg: dict) -> None:
     state = hvd.elastic.TorchState(model=model, optimizer=optimizer, iteration=0, resets=0,
                                    hosts_rewritten=False)
     train(state)
-    sparse = getattr(optimizer, "_reducer", None)
+    sparse = getattr(optimizer, "reducer", None)
     final = {"pid": os.getpid(), "host": host, "rank": hvd.rank(), "size": hvd.size(),
              "iteration": state.iteration, "weights": digest(model),
              "controller": (json.dumps(sparse.shared_state(), sort_keys=True,

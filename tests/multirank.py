@@ -11,7 +11,7 @@ directory, so several runs in one pytest session never share files, and horovodr
 free ports itself. A run that exceeds ``timeout`` is killed with its whole process group
 and reported, with every rank's output, as :class:`RankFailure`: a hang is a test failure,
 never a stuck CI. The horovodrun command line and the bounded child process come from
-``horovod_micro/testing/launch.py`` (shared with the benchmarks).
+``hvm_testbed/launch.py`` (shared with the benchmarks).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from horovod_micro.testing.launch import LaunchError, horovodrun_cmd, run_bounded, tail
+from hvm_testbed.launch import LaunchError, horovodrun_cmd, run_bounded, tail
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent

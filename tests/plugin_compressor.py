@@ -12,11 +12,16 @@ from __future__ import annotations
 
 import torch
 
-from horovod_micro.compressors.base import Aggregate, Compressor, Selection
-from horovod_micro.compressors.registry import register
-from horovod_micro.exchange import SelectedCounts, allreduce_values
-from horovod_micro.selection import index_dtype
-from horovod_micro.stats import ring_allreduce_bytes
+from horovod_micro.compressors import (
+    Aggregate,
+    Compressor,
+    SelectedCounts,
+    Selection,
+    allreduce_values,
+    index_dtype,
+    register,
+    ring_allreduce_bytes,
+)
 
 
 def block(numel: int, k: int, iteration: int) -> torch.Tensor:

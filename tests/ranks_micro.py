@@ -185,7 +185,7 @@ def negotiations(steps, capacity=None, density=0.01, method="micro", options=Non
             current = 0
         else:
             current += 1
-    return {"per_step": per_step, "slots": getattr(opt._reducer.compressor, "slots", None)}
+    return {"per_step": per_step, "slots": getattr(opt.reducer.compressor, "slots", None)}
 
 
 def capacity_cut_warnings(iterations: int, capacity) -> dict:

@@ -418,7 +418,7 @@ def rewrap_and_close(sparse):
         first_step = None
     except RuntimeError as error:
         first_step = str(error)
-    buffers_freed = first._reducer is None
+    buffers_freed = first.reducer is None
     gone = weakref.ref(second)
     del second
     gc.collect()

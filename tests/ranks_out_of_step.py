@@ -182,7 +182,7 @@ def float16_overflow() -> dict:
                       "inf": bool(torch.isinf(grad).any()),
                       "nan": bool(torch.isnan(grad).any()),
                       "grad_max": float(grad.nan_to_num(nan=0.0).abs().max()),
-                      "residual": opt._reducer.residual.tolist()})
+                      "residual": opt.reducer.residual.tolist()})
         with opt.skip_synchronize():
             opt.step()
     return {"steps": steps}

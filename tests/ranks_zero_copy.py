@@ -44,8 +44,8 @@ def variants(numel, iterations, seed=0, device="cpu"):
             records.append({"before": before, "grad": param.grad.tolist(),
                             "residual": _residual(opt).tolist(),
                             "threshold": opt.last_stats.threshold,
-                            "native": opt.compression._selector.use_native,
-                            "full_clears": opt._reducer.full_clears,
+                            "native": opt.compression.selector.use_native,
+                            "full_clears": opt.reducer.full_clears,
                             "phases": opt.last_stats.phases})
         out[label] = records
     return out
@@ -88,7 +88,7 @@ def written_after(numel, iterations, seed=0):
         opt.step()
         records.append({"grad": param.grad.tolist(), "residual": _residual(opt).tolist(),
                         "threshold": opt.last_stats.threshold,
-                        "full_clears": opt._reducer.full_clears})
+                        "full_clears": opt.reducer.full_clears})
         if t == 1:
             param.grad.add_(1.0)
         if t == 3:

@@ -1,4 +1,4 @@
-"""horovod_micro.testing.cluster: emulated hosts that horovodrun reaches over ssh, with real
+"""hvm_testbed.cluster: emulated hosts that horovodrun reaches over ssh, with real
 rate limits.
 
 Real Horovod over real namespaces, veths, tbf and sshd: 2-rank allreduces through
@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from horovod_micro.testing.cluster import STATE_ROOT, Cluster, ClusterError
-from horovod_micro.testing.launch import horovodrun
+from hvm_testbed.cluster import STATE_ROOT, Cluster, ClusterError
+from hvm_testbed.launch import horovodrun
 
 REPO = Path(__file__).resolve().parent.parent
 CLUSTER_PY = REPO / "horovod_micro" / "testing" / "cluster.py"
@@ -165,7 +165,7 @@ def test_cli_up_status_exec_down_from_new_processes():
 
 
 def test_watchdog_tears_down_after_sigkill_of_the_owner():
-    script = ("import sys, time\nfrom horovod_micro.testing.cluster import Cluster\n"
+    script = ("import sys, time\nfrom hvm_testbed.cluster import Cluster\n"
               "c = Cluster.up(2, rate='1gbit')\nprint(c.cid, flush=True)\ntime.sleep(600)\n")
     owner = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE,
                              text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
@@ -200,5 +200,5 @@ def test_refuses_without_root():
     finally:
         shutil.rmtree(folder)
     assert proc.returncode == 2, proc.stderr
-    assert "horovod_micro.testing.cluster needs root" in proc.stderr
+    assert "hvm_testbed.cluster needs root" in proc.stderr
     assert json.dumps(sorted(netns_names())) == before

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from horovod_micro.testing.launch import horovodrun, run_bounded, tail
+from hvm_testbed.launch import horovodrun, run_bounded, tail
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent

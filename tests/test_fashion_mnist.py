@@ -13,11 +13,11 @@ import sys
 import pytest
 import torch
 
-from horovod_micro.testing.launch import horovodrun_cmd, run_bounded
 from horovod_micro_train import fashion_mnist
 from horovod_micro_train.cli import DataNotFoundError, TrainError, parse_args
 from horovod_micro_train.data import build_datasets
 from horovod_micro_train.fashion_mnist import FILES, DamagedDataError
+from hvm_testbed.launch import horovodrun_cmd, run_bounded
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -14,7 +14,7 @@ when read.
 import json
 import sys
 
-from horovod_micro.testing.launch import horovodrun_cmd, run_bounded
+from hvm_testbed.launch import horovodrun_cmd, run_bounded
 
 READS_NOW = 1.0
 

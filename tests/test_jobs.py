@@ -2,7 +2,7 @@
 parser accepts; the SLURM job array (submit_slurm.sh -> sbatch --array, one slurm.sbatch task
 per configuration) numbers the matrix consistently; one launcher runs for real on 2 local ranks;
 the Dockerfile passes hadolint and its build gate (docker/check-build.sh) rejects a Horovod
-without NCCL; the shared launcher (horovod_micro/testing/launch.py) kills hung runs.
+without NCCL; the shared launcher (hvm_testbed/launch.py) kills hung runs.
 
 These are the dry-run and argument checks: here an "allocation" is its SLURM_* environment
 variables and scontrol a stand-in. The real launches are elsewhere: a real sbatch under a
@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from horovod_micro.testing.launch import LaunchError, horovodrun_cmd, run_bounded
 from horovod_micro_train.cli import compressor_names, parse_args
+from hvm_testbed.launch import LaunchError, horovodrun_cmd, run_bounded
 
 REPO = Path(__file__).resolve().parent.parent
 JOBS = REPO / "jobs"
@@ -285,7 +285,7 @@ def test_single_node_job_runs_on_two_ranks(tmp_path):
     assert "[jobs] digits/digits_cnn/micro-d0.01/np2: exit 0" in output
 
 
-# ------------------------------------------- the shared launcher (horovod_micro/testing/launch.py)
+# ------------------------------------------- the shared launcher (hvm_testbed/launch.py)
 def test_horovodrun_cmd_gloo_and_mpi():
     gloo = horovodrun_cmd(3, "gloo", ["python", "x.py"])
     assert Path(gloo[0]).name == "horovodrun"

@@ -1,4 +1,4 @@
-"""jobs/multi_node.sh launched for real across emulated hosts (horovod_micro/testing/cluster.py).
+"""jobs/multi_node.sh launched for real across emulated hosts (hvm_testbed/cluster.py).
 
 A short MiCRO training (digits, 2 iterations) through ``horovodrun -H`` and through
 ``--hostfile``, on Gloo and on MPI, started from host hvm1 as a user would start it on a
@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from horovod_micro.testing.cluster import Cluster
-from horovod_micro.testing.launch import LaunchError, horovodrun
+from hvm_testbed.cluster import Cluster
+from hvm_testbed.launch import LaunchError, horovodrun
 
 REPO = Path(__file__).resolve().parent.parent
 TRAIN_ARGS = ["--epochs", "1", "--max-iters-per-epoch", "2", "--no-plots", "--progress",

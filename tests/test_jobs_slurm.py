@@ -17,7 +17,7 @@ from pathlib import Path
 
 from slurm_local import local_slurm, wait_for_job
 
-from horovod_micro.testing.launch import horovodrun, run_bounded
+from hvm_testbed.launch import horovodrun, run_bounded
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -147,7 +147,7 @@ def test_the_default_leaves_a_classifier_whole_and_compresses_the_large_matrices
             width = w
         compressor = PowerSGDCompressor(rank=rank)
         compressor.bind_shapes(shapes)
-        matrices, _ = compressor._plan(sum(math.prod(s) for s in shapes))
+        matrices, _ = compressor.plan(sum(math.prod(s) for s in shapes))
         got = [(m.rows, m.cols) for m in matrices]
         assert got == [s for s in shapes[:-2] if len(s) == 2], (widths, got)
         assert [s for s in shapes if compressed(s, rank)] == [tuple(g) for g in got]

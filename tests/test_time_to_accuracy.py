@@ -25,9 +25,9 @@ import pytest
 from simulation_powersgd import compressed
 from test_fashion_mnist import write_dataset
 
-from horovod_micro.testing.cluster import clusters
-from horovod_micro.testing.launch import run_bounded
 from horovod_micro_train.models import build_model
+from hvm_testbed.cluster import clusters
+from hvm_testbed.launch import run_bounded
 
 REPO = Path(__file__).resolve().parent.parent
 HOSTS = 4

@@ -26,10 +26,10 @@ import pytest
 import torch
 from multirank import REPO, run_ranks, run_script
 
-from horovod_micro.testing.launch import horovodrun_cmd, run_bounded
 from horovod_micro_train.checkpoint_file import PAUSE_ENV, read_verified
 from horovod_micro_train.cli import TrainError
 from horovod_micro_train.records import read_jsonl
+from hvm_testbed.launch import horovodrun_cmd, run_bounded
 
 EPOCHS, ITERS = 4, 6
 # The embedded digits run: seconds, no data files, whatever the CLI's default dataset is.

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from horovod_micro.testing.launch import horovodrun_cmd, run_bounded
+from hvm_testbed.launch import horovodrun_cmd, run_bounded
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPTS = {

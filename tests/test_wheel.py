@@ -16,7 +16,7 @@ import venv
 import zipfile
 from pathlib import Path
 
-from horovod_micro.testing.launch import horovodrun_cmd, run_bounded
+from hvm_testbed.launch import horovodrun_cmd, run_bounded
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -48,6 +48,10 @@ def test_wheel_installs_and_trains_outside_the_checkout(tmp_path):
     assert sorted(r.split("=")[0].split(">")[0].strip() for r in required) == ["horovod", "torch"]
     assert any(n.startswith("horovod_micro/_select") and n.endswith(".so") for n in names)
     assert not any(n.startswith("train/") for n in names)  # the example scripts stay out
+    # The test bed (launcher, emulated hosts) stays in the checkout; loopback ranks ship.
+    assert not any(n.startswith("hvm_testbed/") or n.endswith(("cluster.py", "launch.py"))
+                   for n in names), [n for n in names if "testing" in n or "testbed" in n]
+    assert "horovod_micro/testing/loopback.py" in names
 
     env_dir = tmp_path / "venv"
     venv.EnvBuilder(with_pip=False).create(env_dir)

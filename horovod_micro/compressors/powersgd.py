@@ -162,7 +162,7 @@ class PowerSGDCompressor(Compressor):
     def bind_shapes(self, shapes: Sequence[tuple[int, ...]]) -> None:
         self.shapes = [tuple(int(d) for d in shape) for shape in shapes]
 
-    def _plan(self, numel: int) -> tuple[list[_Matrix], list[tuple[int, int]]]:
+    def plan(self, numel: int) -> tuple[list[_Matrix], list[tuple[int, int]]]:
         """The compressed matrices and the (start, end) ranges sent uncompressed, from the
         parameters' shapes (one vector of ``numel`` when none were bound)."""
         matrices, uncompressed = [], []
@@ -185,7 +185,7 @@ class PowerSGDCompressor(Compressor):
 
     def bind(self, numel: int, comm) -> None:
         super().bind(numel, comm)
-        self.matrices, uncompressed = self._plan(numel)
+        self.matrices, uncompressed = self.plan(numel)
         self.p_numel = sum(m.rows * self.rank for m in self.matrices)
         self.q_numel = sum(m.cols * self.rank for m in self.matrices)
         self._uncompressed = (torch.cat([torch.arange(a, b) for a, b in uncompressed])
@@ -196,7 +196,7 @@ class PowerSGDCompressor(Compressor):
         (``r m`` numbers) with the uncompressed entries, and every ``Q`` (``r c``):
         ``2 (n - 1) / n`` times ``r (m + c)`` per matrix plus the rest, independent of
         ``n``. Needs the parameters' shapes (:meth:`bind_shapes`) to tell the matrices."""
-        matrices, uncompressed = self._plan(numel)
+        matrices, uncompressed = self.plan(numel)
         first = sum(m.rows for m in matrices) * self.rank + sum(b - a for a, b in uncompressed)
         second = sum(m.cols for m in matrices) * self.rank
         header = self.modeled_header_bytes(size, numel)

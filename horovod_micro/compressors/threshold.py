@@ -58,7 +58,7 @@ class HardThresholdCompressor(Compressor):
                          momentum_masking=momentum_masking)
         self.value = as_float(value)
         self.lam = self.value
-        self._selector = ThresholdSelector()
+        self.selector = ThresholdSelector()
 
     def config(self) -> dict:
         return {**super().config(), "value": self.value}
@@ -84,7 +84,7 @@ class HardThresholdCompressor(Compressor):
         super().bind(numel, comm)
         if self.value is None:
             self.lam = initial_threshold(self.target_count)
-        self._selector = ThresholdSelector(capacity=2 * max(self.target_count, 1) + 64)
+        self.selector = ThresholdSelector(capacity=2 * max(self.target_count, 1) + 64)
 
     def threshold(self) -> float:
         return float(self.lam)
@@ -102,7 +102,7 @@ class HardThresholdCompressor(Compressor):
                                     self.value_bytes())
 
     def select(self, acc: torch.Tensor, iteration: int) -> Selection:
-        return Selection(self._selector(acc, float(self.lam), 0, self.numel))
+        return Selection(self.selector(acc, float(self.lam), 0, self.numel))
 
     def combine(self, acc, selection, gathered, iteration, reduction: ReduceOp,
                 traffic: Traffic) -> Aggregate:

@@ -181,8 +181,8 @@ class MicroCompressor(Compressor):
         self.ages: DriftAges | None = None  # the drift judge's, made in bind
         self.controller: ThresholdController | None = None
         self.bounds: list[tuple[int, int]] = []
-        self._selector = ThresholdSelector()
-        self._scale = 1.0
+        self.selector = ThresholdSelector()
+        self.rms_scale = 1.0
         self._threshold: float | None = None
 
     def config(self) -> dict:
@@ -248,7 +248,7 @@ class MicroCompressor(Compressor):
         regrown buffer and a redone pass (an allocation, never written whole)."""
         self.bounds = part_bounds(self.numel, size)
         selector = DriftSelector if self.judge == "drift" else ThresholdSelector
-        self._selector = selector(capacity=4 * self.target_count // size + 64)
+        self.selector = selector(capacity=4 * self.target_count // size + 64)
         self.slots = self._slots_for(size, self.target_count, max(self._part_sizes()))
 
     def _slots_for(self, size: int, k: int, largest: int) -> int | None:
@@ -294,7 +294,7 @@ class MicroCompressor(Compressor):
 
     def prepare(self, sq_norm: float | torch.Tensor) -> None:
         """Keep the RMS of this rank's ``a_t``, the scale-free controllers' scale."""
-        self._scale = rms(sq_norm, self.numel, self._scale)
+        self.rms_scale = rms(sq_norm, self.numel, self.rms_scale)
 
     def select(self, acc: torch.Tensor, iteration: int) -> Selection:
         part = owned_part(self.comm.rank, iteration, self.comm.size)
@@ -302,10 +302,10 @@ class MicroCompressor(Compressor):
         if self.ages is not None:
             now = iteration + 1
             last = self.ages.at(acc.device, now)
-            self._selector.bind(acc[start:end], last[start:end], now, self.ages.wait(now))
+            self.selector.bind(acc[start:end], last[start:end], now, self.ages.wait(now))
         self._iteration = iteration
-        choice = device_choice(self.controller, acc, start, end, part, self._selector,
-                               self._scale, self.slots)
+        choice = device_choice(self.controller, acc, start, end, part, self.selector,
+                               self.rms_scale, self.slots)
         if choice is None:
             return self._select_on_host(acc, start, end, part, iteration)
         self._threshold = choice.threshold
@@ -324,7 +324,7 @@ class MicroCompressor(Compressor):
             self._threshold, report = 0.0, 0
         else:
             indices, self._threshold, report = self.controller.select(
-                acc, start, end, part, self._selector, self._scale)
+                acc, start, end, part, self.selector, self.rms_scale)
         selected = indices.numel()
         if self.slots is not None and selected > self.slots:
             indices = cut_to_slots(acc, indices, self.slots, self.ages, iteration + 1)

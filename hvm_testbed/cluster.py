@@ -1,11 +1,11 @@
 """An emulated multi-host cluster on this machine: H hosts with sshd and one slow link each.
 
-    python -m horovod_micro.testing.cluster up 2 --rate 1gbit   # hosts hvm1, hvm2, stays up
-    python -m horovod_micro.testing.cluster up 3 --owner-pid $$ # torn down when the shell exits
-    python -m horovod_micro.testing.cluster exec hvm1 horovodrun -np 2 -H hvm1:1,hvm2:1 \
+    python -m hvm_testbed.cluster up 2 --rate 1gbit   # hosts hvm1, hvm2, stays up
+    python -m hvm_testbed.cluster up 3 --owner-pid $$ # torn down when the shell exits
+    python -m hvm_testbed.cluster exec hvm1 horovodrun -np 2 -H hvm1:1,hvm2:1 \
         python train.py
-    python -m horovod_micro.testing.cluster status
-    python -m horovod_micro.testing.cluster down                # every cluster (or --id ID)
+    python -m hvm_testbed.cluster status
+    python -m hvm_testbed.cluster down                # every cluster (or --id ID)
 
 Why: the benchmarks need what a real cluster has and one loopback device has not: a
 full-duplex link per host, so that each host's traffic queues on its own link, and ranks
@@ -66,7 +66,7 @@ class ClusterError(RuntimeError):
 def require_root() -> None:
     if os.geteuid() != 0:
         raise ClusterError(
-            "horovod_micro.testing.cluster needs root: it creates network namespaces, veth "
+            "hvm_testbed.cluster needs root: it creates network namespaces, veth "
             "links and tc qdiscs and runs sshd in each host; run it as root (e.g. with sudo)")
 
 
@@ -146,8 +146,8 @@ class Cluster:
 
     def run(self, host: str, argv: list[str], timeout: float, *, env: dict | None = None,
             cwd: str | Path | None = None, check: bool = True) -> subprocess.CompletedProcess:
-        """Run ``argv`` in ``host``, bounded (``horovod_micro.testing.launch.run_bounded``)."""
-        from horovod_micro.testing.launch import run_bounded
+        """Run ``argv`` in ``host``, bounded (``hvm_testbed.launch.run_bounded``)."""
+        from hvm_testbed.launch import run_bounded
         return run_bounded(self.command(host, argv, cwd), timeout, base_env=self.env(), env=env,
                            cwd=cwd, check=check, label=f"[{host}] {' '.join(argv)}")
 
@@ -400,7 +400,7 @@ def _pick(cid: str | None) -> Cluster:
 
 # -- command line --------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m horovod_micro.testing.cluster",
+    parser = argparse.ArgumentParser(prog="python -m hvm_testbed.cluster",
                                      description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -454,7 +454,7 @@ def main(argv: list[str] | None = None) -> int:
         cmd = c.command(args.host, args.argv)
         os.execvpe(cmd[0], cmd, c.env())
     except ClusterError as error:
-        print(f"horovod_micro.testing.cluster: error: {error}", file=sys.stderr)
+        print(f"hvm_testbed.cluster: error: {error}", file=sys.stderr)
         return 2
     return 0
 

@@ -13,7 +13,7 @@ tests. Standard library only.
 
 Example: two Gloo ranks of a script, killed with their process group after 120 s::
 
-    from horovod_micro.testing.launch import horovodrun_cmd, run_bounded
+    from hvm_testbed.launch import horovodrun_cmd, run_bounded
 
     proc = run_bounded(horovodrun_cmd(2, "gloo", [sys.executable, "my_test_body.py"]), 120)
 """
