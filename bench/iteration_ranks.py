@@ -8,7 +8,7 @@ alike); per run the median over the iterations after the first ten (each iterati
 is its slowest rank's).
 
     .venv/bin/python -m bench.iteration_ranks [--ranks 8] [--rounds 2] [--iters 60]
-        [--backend gloo|mpi] [--cycle-time-ms MS] [--json bench/results/iteration-ranks8.json]
+        [--backend gloo|mpi] [--cycle-time-ms MS] [--json runs/iteration-ranks8.json]
 
 Variants: ``dense`` (``--compressor none``), ``micro`` (the defaults: fixed-shape slots),
 ``micro-exact`` (``--capacity exact``: variable-size blocks, negotiated every step).

@@ -180,3 +180,13 @@ def test_no_reach_into_the_librarys_private_attributes(folder):
                 offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} "
                                  f"{node.func.id}(..., {node.args[1].value!r})")
     assert not offenders, offenders
+
+
+def test_the_front_pages_and_the_results_stay_readable():
+    """The README fits a first read (150 lines), BENCHMARKS.md a full one (400), and
+    ``bench/results/`` holds at most 25 files: new measurements join an existing file or
+    replace one."""
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 150
+    assert len((ROOT / "BENCHMARKS.md").read_text().splitlines()) <= 400
+    results = [p for p in (ROOT / "bench" / "results").rglob("*") if p.is_file()]
+    assert len(results) <= 25, sorted(p.name for p in results)
