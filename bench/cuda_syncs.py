@@ -14,7 +14,7 @@ go through PyTorch. Those are the collectives' own, one per collective.
 Needs a CUDA device and Horovod built with it (``horovodrun -np 1`` suffices: every sync
 that a rank makes with n ranks it makes with one, only the collectives differ).
 
-    python -m bench.cuda_syncs --np 1 --json bench/results/cuda_syncs.json
+    python -m bench.cuda_syncs --np 1 --json runs/cuda_syncs.json
 """
 
 from __future__ import annotations

@@ -208,7 +208,7 @@ def main() -> None:
     ap.add_argument("--gpu-compute", type=float, default=0.030,
                     help="assumed per-iteration compute of a GPU-class rank (s)")
     ap.add_argument("--figure", type=Path, default=REPO / "bench/figures/scaling.png")
-    ap.add_argument("--json", type=Path, default=REPO / "bench/results/model.json")
+    ap.add_argument("--json", type=Path, default=REPO / "runs/model.json")
     args = ap.parse_args()
     shapes = {"none": REPO / "bench/results/collective_shapes.json",
               "1gbit": REPO / "bench/results/collective_shapes-1gbit.json",
@@ -258,6 +258,7 @@ def main() -> None:
                     for i, t in enumerate(times[m])) + " |")
             print()
             projection[f"{scen}|{rate}"] = times
+    args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"ns": ns, "projection": projection,
                                      "compute": inp.compute, "local": inp.local,
                                      "latency": inp.lat}, indent=1))
