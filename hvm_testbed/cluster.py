@@ -147,7 +147,10 @@ class Cluster:
     def run(self, host: str, argv: list[str], timeout: float, *, env: dict | None = None,
             cwd: str | Path | None = None, check: bool = True) -> subprocess.CompletedProcess:
         """Run ``argv`` in ``host``, bounded (``hvm_testbed.launch.run_bounded``)."""
-        from hvm_testbed.launch import run_bounded
+        try:
+            from hvm_testbed.launch import run_bounded
+        except ImportError:  # run as a script (python hvm_testbed/cluster.py): its sibling
+            from launch import run_bounded
         return run_bounded(self.command(host, argv, cwd), timeout, base_env=self.env(), env=env,
                            cwd=cwd, check=check, label=f"[{host}] {' '.join(argv)}")
 

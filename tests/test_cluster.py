@@ -27,7 +27,7 @@ from hvm_testbed.cluster import STATE_ROOT, Cluster, ClusterError
 from hvm_testbed.launch import horovodrun
 
 REPO = Path(__file__).resolve().parent.parent
-CLUSTER_PY = REPO / "horovod_micro" / "testing" / "cluster.py"
+CLUSTER_PY = REPO / "hvm_testbed" / "cluster.py"
 ALLREDUCE = REPO / "tests" / "scripts" / "cluster_allreduce.py"
 RATE_TOOL = REPO / "bench" / "link_rate.py"
 RATE = 40e6  # bits/s: "40mbit" below
