@@ -42,7 +42,10 @@ any learning rate. ``momentum_masking=True`` with an optimizer that keeps no mom
 without momentum) is refused on every rank when the optimizer is wrapped, and MiCRO's
 default warns there once. A ``step()`` that should have
 masked and found no buffer at all raises, so masking is never silently off;
-``opt.last_stats.momentum_masked`` says how many parameters were masked. Never at density
+``opt.last_stats.momentum_masked`` says how many parameters were masked.
+Cost: where it acts, the arrived indices are split by parameter, which reads one vector of
+a few integers per parameter to the host each step (on a GPU, a wait); at a learning rate
+where the rule keeps every burst, nothing runs. Never at density
 1 (:meth:`~horovod_micro.compressors.base.Compressor.masks`).
 """
 
@@ -178,7 +181,8 @@ def masking(optimizer: torch.optim.Optimizer, reducer):
     """Around the wrapped optimizer's step (``reducer``: a
     :class:`~horovod_micro.reducer.SparseReducer`, or None for a dense path): Adam's first
     moment primed before it, the momentum masked after it, where the compressor masks."""
-    if reducer is not None and reducer.applied is not None and reducer.compressor.masks():
+    if (reducer is not None and reducer.applied is not None and reducer.compressor.masks()
+            and any("betas" in g for g in optimizer.param_groups)):  # Adam's kind only
         prime_first_moment(optimizer, reducer.layout.params, reducer.layout.slices,
                            reducer.applied)
     yield
@@ -195,10 +199,14 @@ def mask_applied(optimizer: torch.optim.Optimizer, reducer) -> None:
     same optimizer state, so every rank raises alike)."""
     applied, reducer.applied = reducer.applied, None
     masked = 0
+    full = reducer.compressor.momentum_masking is True
     if (applied is not None and reducer.compressor.masks()
-            and keeps_momentum(optimizer.param_groups)):
+            and keeps_momentum(optimizer.param_groups)
+            # At a learning rate where the rule keeps every burst, nothing to do (and no
+            # split of the indices by parameter, which reads the host).
+            and any(kept_fraction(g, full) < 1.0 for g in optimizer.param_groups)):
         masked = mask_momentum(optimizer, reducer.layout.params, reducer.layout.slices,
-                               applied, full=reducer.compressor.momentum_masking is True)
+                               applied, full=full)
         if masked == 0 and applied.numel() > 0 and not any(
                 key in optimizer.state.get(p, {}) for p in reducer.layout.params
                 for key in CARRIERS):
