@@ -10,6 +10,19 @@ import horovod_micro as hvm
 LR, MOMENTUM, WEIGHT_DECAY = 0.05, 0.9, 1e-3
 
 
+def exchanged_step(opt, model, params, gen) -> list[float]:
+    """One step on a fresh batch of 16 drawn from ``gen``: backward, the exchange, then the
+    wrapped optimizer's step; returns the aggregate it received (flat, ``params``' order)."""
+    x, y = torch.randn(16, 12, generator=gen), torch.randint(0, 3, (16,), generator=gen)
+    opt.zero_grad()
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    opt.synchronize()
+    aggregate = torch.cat([p.grad.detach().reshape(-1) for p in params]).tolist()
+    with opt.skip_synchronize():
+        opt.step()
+    return aggregate
+
+
 def masked_steps(method="micro", density=0.05, iterations=8, masking=None, nesterov=True,
                  seed=0, lr=LR):
     """Train a two-layer MLP; per step, what the independent check needs: the weights and
@@ -36,15 +49,8 @@ def masked_steps(method="micro", density=0.05, iterations=8, masking=None, neste
     gen = torch.Generator().manual_seed(100 + hvd.rank())
     steps = []
     for _ in range(iterations):
-        x = torch.randn(16, 12, generator=gen)
-        y = torch.randint(0, 3, (16,), generator=gen)
         before = {"weights": flat(params), "buffers": buffers()}
-        opt.zero_grad()
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-        opt.synchronize()
-        aggregate = flat(p.grad for p in params)
-        with opt.skip_synchronize():
-            opt.step()
+        aggregate = exchanged_step(opt, model, params, gen)
         steps.append({**{f"{k}_before": v for k, v in before.items()},
                       "aggregate": aggregate, "weights": flat(params), "buffers": buffers(),
                       "applied": opt.last_stats.global_count})
@@ -117,15 +123,9 @@ def adamw_steps(masking=None, density=0.05, iterations=6, seed=0):
     gen = torch.Generator().manual_seed(100 + hvd.rank())
     steps = []
     for t in range(1, iterations + 1):
-        x, y = torch.randn(16, 12, generator=gen), torch.randint(0, 3, (16,), generator=gen)
         before = {"weights": flat(params), "exp_avg": moment("exp_avg"),
                   "exp_avg_sq": moment("exp_avg_sq")}
-        opt.zero_grad()
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-        opt.synchronize()
-        aggregate = flat(p.grad for p in params)
-        with opt.skip_synchronize():
-            opt.step()
+        aggregate = exchanged_step(opt, model, params, gen)
         steps.append({"t": t, "before": before, "aggregate": aggregate,
                       "weights": flat(params), "exp_avg": moment("exp_avg"),
                       "exp_avg_sq": moment("exp_avg_sq"),
