@@ -1,9 +1,9 @@
 """Elastic Horovod for ``hvm.DistributedOptimizer``: its methods and ``TorchState``'s handler.
 
-:class:`ElasticMethods` (merged into the optimizer's run-time class) re-derive what depends
-on the set's size (:meth:`~ElasticMethods.rebind`) and save and restore this process's
-whole optimizer state (:meth:`~ElasticMethods.elastic_snapshot`,
-:meth:`~ElasticMethods.elastic_restore`).
+:class:`ElasticBinding` (one per optimizer) re-derives what depends on the set's size
+(:meth:`~ElasticBinding.rebind`) and saves and restores this process's whole optimizer
+state (:meth:`~ElasticBinding.snapshot`, :meth:`~ElasticBinding.restore`), behind the
+optimizer's ``rebind``, ``elastic_snapshot`` and ``elastic_restore``.
 
 Horovod's TorchState picks a handler per attribute from a registry of ``(type, handler)``
 pairs; its optimizer handler commits ``optimizer.state_dict()`` and syncs with
@@ -32,40 +32,53 @@ from __future__ import annotations
 import abc
 import copy
 import os
+from collections.abc import Callable
 
 import torch
 from horovod.torch.elastic import state as torch_state
 from horovod.torch.functions import broadcast_optimizer_state, broadcast_parameters
 
 from .exchange import Comm
-from .validation import check_collectively, local_errors
+from .validation import Arguments, check_collectively, local_errors
 
 
 class ElasticOptimizer(abc.ABC):  # noqa: B024  (a marker: no abstract methods)
     """Every ``hvm.DistributedOptimizer`` is registered as one (``isinstance`` is true)."""
 
 
-class ElasticMethods:
-    """The optimizer's elastic methods, merged into ``hvm.DistributedOptimizer``'s class."""
+class ElasticBinding:
+    """What this optimizer was sized for, and the collective argument check.
 
-    def _check_comm(self) -> Comm:
-        return Comm(self.process_set, prefix=f"hvm.ps{self.process_set.process_set_id}.check")
+    ``bound_size`` is the set size the sparse path is partitioned for; ``checked`` whether
+    the arguments passed the collective check (:mod:`.validation`), deferred under Elastic
+    Horovod, where a worker that joins a running job builds its optimizer while the others
+    already wait in the state sync, so no collective may run at construction.
+    ``arguments`` returns what the optimizer was given, for that check.
+    """
 
-    def _check_at_construction(self) -> bool:
-        """Check the arguments collectively, except under Elastic Horovod: a worker that
-        joins a running job builds its optimizer while the others already wait in the
-        state sync, so no collective may run there. The check then runs in the first
-        rebind (TorchState's sync, or the first ``synchronize()``). Returns whether this
-        rank may build its exchange (False: its own arguments are wrong, and that deferred
-        check reports it on every rank)."""
-        self._bound_size = self.process_set.size()
-        self._checked = os.environ.get("HOROVOD_ELASTIC") != "1"
-        if self._checked:
-            check_collectively(self._arguments(), self._check_comm())
+    def __init__(self, process_set, arguments: Callable[[], Arguments]):
+        self.process_set = process_set
+        self.arguments = arguments
+        self.bound_size = process_set.size()
+        self.checked = os.environ.get("HOROVOD_ELASTIC") != "1"
+        self.comm = Comm(process_set, prefix=f"hvm.ps{process_set.process_set_id}.check")
+
+    def check_at_construction(self) -> bool:
+        """Check the arguments collectively, except under Elastic Horovod (the check then
+        runs in the first :meth:`rebind`). Returns whether this rank may build its
+        exchange (False: its own arguments are wrong, and that deferred check reports it
+        on every rank)."""
+        if self.checked:
+            check_collectively(self.arguments(), self.comm)
             return True
-        return not local_errors(self._arguments())
+        return not local_errors(self.arguments())
 
-    def rebind(self) -> None:
+    def stale(self) -> bool:
+        """Whether the next exchange must :meth:`rebind` first: the check is still due,
+        or the set changed size."""
+        return not self.checked or self.process_set.size() != self.bound_size
+
+    def rebind(self, reducer, adopt: Callable[[], None]) -> None:
         """Re-derive everything that depends on the process set's size, collectively.
 
         Called on every rank after an elastic reset (by the TorchState handler's sync, or
@@ -73,56 +86,47 @@ class ElasticMethods:
         in place of the construction-time check. It checks the arguments collectively,
         re-partitions the flat gradient for the new ``n`` (ownership follows, since rank
         ``r`` owns part ``(t + r) mod n``), maps the controller's per-part state onto the
-        new parts, and then adopts the iteration and the compressor's state of the set's
-        first rank, so every rank holds the same. Residuals are left as they are (the
-        documentation's usage page, "Elastic training").
+        new parts, and then ``adopt``s the iteration and the compressor's state of the
+        set's first rank, so every rank holds the same. Residuals are left as they are
+        (the documentation's usage page, "Elastic training").
         """
-        if not self._included:
-            return
         # On every rank, checked before or not: a newcomer's first check and a survivor's
         # rebind are the same collectives.
-        check_collectively(self._arguments(), self._check_comm())
-        self._checked = True
+        check_collectively(self.arguments(), self.comm)
+        self.checked = True
         size = self.process_set.size()
-        if self._reducer is not None:
-            self._reducer.compressor.rebind(size)
-            self._adopt_shared_state()
-        self._bound_size = size
+        if reducer is not None:
+            reducer.compressor.rebind(size)
+            adopt()
+        self.bound_size = size
 
-    def elastic_snapshot(self) -> dict:
+    def snapshot(self, wrapped_state: dict, reducer) -> dict:
         """This rank's whole optimizer state, copied to host-independent storage for
         ``hvd.elastic.TorchState``'s commit: the wrapped optimizer's state and, for sparse
         methods, this rank's residual, the iteration, the compressor's state and the set
-        size it was sized for. Unlike :meth:`state_dict` it is restored only into this same
-        process (:meth:`elastic_restore`), so it carries no rank check."""
-        snapshot = {"optimizer": copy.deepcopy(super(self.__class__, self).state_dict())}
-        if self._reducer is not None:
-            reducer = self._reducer
-            snapshot["sparse"] = {"size": self._bound_size,
+        size it was sized for. Unlike ``state_dict()`` it is restored only into this same
+        process (:meth:`restore`), so it carries no rank check."""
+        snapshot = {"optimizer": copy.deepcopy(wrapped_state)}
+        if reducer is not None:
+            snapshot["sparse"] = {"size": self.bound_size,
                                   "shared": copy.deepcopy(reducer.shared_state()),
                                   "residual": reducer.residual.detach().clone(),
                                   "loss_scale": reducer.loss_scale}
         return snapshot
 
-    def elastic_restore(self, snapshot: dict) -> None:
-        """Back to a snapshot of this process (after a collective failed: Horovod restores
-        the last commit on every surviving rank, so model, residual and controller are all
-        from the same iteration). Gradients are dropped, since a half-done step's ``.grad``
-        must not be added to by the next backward; the next rebind adapts the state to the
-        new set size."""
-        self._load_wrapped_state(copy.deepcopy(snapshot["optimizer"]))
-        for p in self._layout.params:
-            p.grad = None
+    def restore(self, snapshot: dict, reducer) -> None:
+        """The sparse half of a :meth:`snapshot`, back into ``reducer``; the next rebind
+        adapts it to the new set size."""
         sparse = snapshot.get("sparse")
-        if self._reducer is not None and sparse is not None:
-            reducer = self._reducer
-            if sparse["size"] != self._bound_size:
-                reducer.compressor.rebind(sparse["size"])
-                self._bound_size = sparse["size"]
-            reducer.forget_views()
-            reducer.residual.copy_(sparse["residual"])
-            reducer.load_shared_state(copy.deepcopy(sparse["shared"]))
-            reducer.loss_scale = sparse["loss_scale"]
+        if reducer is None or sparse is None:
+            return
+        if sparse["size"] != self.bound_size:
+            reducer.compressor.rebind(sparse["size"])
+            self.bound_size = sparse["size"]
+        reducer.forget_views()
+        reducer.residual.copy_(sparse["residual"])
+        reducer.load_shared_state(copy.deepcopy(sparse["shared"]))
+        reducer.loss_scale = sparse["loss_scale"]
 
 
 class SparseOptimizerHandler(torch_state.StateHandler):

@@ -24,7 +24,7 @@ from .layout import FlatLayout
 # build different numbers of optimizers for *other* process sets.
 _built: Counter = Counter()
 # The optimizers of each key that are still alive: two of them at once can have their
-# collectives paired across models (shared_state's parameter check).
+# collectives paired across models (the sparse path's parameter check).
 _alive: dict[tuple[int, str], weakref.WeakSet] = {}
 
 

@@ -5,19 +5,23 @@ the wrapped optimizer's class (so it *is* an ``SGD``/``Adam``/...), whose method
 real optimizer with ``super(self.__class__, self)``. It does not subclass Horovod's class,
 whose methods do the same and would recurse.
 
-Dense compressors (``Compression.none``/``fp16``) take Horovod's per-parameter allreduces,
-started by the hooks (:mod:`.dense`); sparse compressors exchange the whole gradient as one
-flat vector once per step in ``synchronize()`` (:class:`~.reducer.SparseReducer`).
+The whole contract is the one class :class:`_DistributedOptimizer`; it holds its parts as
+objects, each with its own interface:
 
-This module holds ``synchronize``, ``step``, ``zero_grad`` and the sparse orchestration;
-the run-time class also takes the methods of :class:`~.dense.DenseExchange`,
-:class:`~.elastic.ElasticMethods`, :class:`~.hooks.HookMethods`,
-:class:`~.shared_state.SharedStateMethods` and :class:`~.optimizer_state.CheckpointMethods`.
-Arguments are checked collectively (:mod:`.validation`).
+* :class:`~.hooks.BackwardHooks`: one hook per parameter, counting backward passes;
+* for a sparse compressor, :class:`~.reducer.SparseReducer` (the flat gradient's exchange,
+  once per step in ``synchronize()``) and :class:`~.shared_state.SparsePath` (the state
+  every rank holds alike);
+* for a dense one (``Compression.none``/``fp16``), :class:`~.dense.DensePath`: Horovod's
+  per-parameter allreduces, started by the hooks as backward goes;
+* :class:`~.elastic.ElasticBinding`: the collective argument check (:mod:`.validation`)
+  and what depends on the set's size; the checkpoint's format is
+  :mod:`.checkpoint`'s.
 """
 
 from __future__ import annotations
 
+import copy
 import os
 import warnings
 from collections.abc import Callable, Iterable
@@ -26,33 +30,31 @@ from contextlib import contextmanager
 import horovod.torch as hvd
 import torch
 
+from .checkpoint import load_all_or_nothing, with_sparse_state
 from .compression import Compression, is_dense_compressor
 from .compressors.base import Compressor, ReduceOp
 from .consistency import parameter_changes
-from .dense import DenseExchange, resolve_groups
-from .elastic import ElasticMethods, ElasticOptimizer
+from .dense import DensePath, scale_factors
+from .elastic import ElasticBinding, ElasticOptimizer
 from .exchange import Comm
-from .hooks import HookMethods
+from .hooks import BackwardHooks
 from .layout import FlatLayout
 from .momentum import masking, warn_if_unmaskable
 from .naming import collective_prefix, name_parameters
-from .optimizer_state import CheckpointMethods
 from .reducer import SparseReducer
-from .shared_state import SharedStateMethods
+from .sparse import SparsePath
 from .stats import StepStats
-from .status import OK, PARAMS_CHANGED, CollectiveInputError
 from .validation import Arguments
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
-    """Methods merged into the run-time class; see :func:`DistributedOptimizer`."""
+    """The run-time class's methods; see :func:`DistributedOptimizer`."""
 
     def __init__(self, params, *, named_parameters, compression, backward_passes_per_step,
                  op, gradient_predivide_factor, groups, sparse_as_dense, process_set,
                  stats_callback, grad_scaler, zero_copy):
         super(self.__class__, self).__init__(params)
         self._compression = compression
-        self.backward_passes_per_step = backward_passes_per_step
         self.op = op
         self.gradient_predivide_factor = gradient_predivide_factor
         self.sparse_as_dense = sparse_as_dense
@@ -65,17 +67,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._exchanged = False
         self._should_synchronize = True
         self._closed = False
-        self._handles: dict = {}
-        self._passes: dict = {}
-        self._hooks: list = []
         self._reducer: SparseReducer | None = None
+        self._sparse_path: SparsePath | None = None
+        self._dense: DensePath | None = None
+        self._binding: ElasticBinding | None = None
         self._comm: Comm | None = None  # built below, for a rank of the process set
-        self._groups = None
-        # Set after construction and load_state_dict: the next sparse exchange first adopts
-        # the set's first rank's iteration and compressor state (``_adopt_shared_state``).
-        self._state_sync_pending = True
-        # Whether load_state_dict ran since construction (see _check_same_parameters).
-        self._loaded = False
 
         try:
             named = name_parameters(self.param_groups, named_parameters)
@@ -84,33 +80,40 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             named = name_parameters(self.param_groups, None)
             self._argument_errors = [str(error)]
         self._layout = FlatLayout([(n, p) for n, p in named if p.requires_grad])
+        self._backward = BackwardHooks(self._layout.params, backward_passes_per_step)
         self._wrapped_ids = {id(p) for g in self.param_groups for p in g["params"]}
-        self._parameter_names = {p: n for n, p in named}
+        self._parameter_names = {p: n for n, p in named}  # Horovod's attribute
         # Horovod: a rank outside the optimizer's process set exchanges nothing and its
         # step() is the wrapped optimizer's local step.
         self._included = bool(process_set.included())
         if not self._included:
             return
 
-        set_id = process_set.process_set_id
         self._named, self._groups_argument = named, groups
-        buildable = self._check_at_construction()
+        self._binding = ElasticBinding(process_set, self._arguments)
+        buildable = self._binding.check_at_construction()
         key = compression if buildable else f"unbuildable {compression!r}"
-        self._comm = Comm(process_set, prefix=collective_prefix(set_id, self._layout, key, self))
+        self._comm = Comm(process_set, prefix=collective_prefix(
+            process_set.process_set_id, self._layout, key, self))
         if not buildable:  # the deferred collective check raises on every rank
             return
-        if self._sparse:
+        sparse = isinstance(compression, Compressor)
+        if sparse:
             # With a GradScaler the residual follows the loss scale between steps, which
             # needs e_t and g_t apart: no zero-copy error feedback then.
-            self._reducer = SparseReducer(self._layout, compression, self._comm,
-                                          ReduceOp(op, *self._scale_factors()),
-                                          stats_callback=self._record,
-                                          zero_copy=zero_copy and grad_scaler is None)
+            self._reducer = SparseReducer(
+                self._layout, compression, self._comm,
+                ReduceOp(op, *scale_factors(op, gradient_predivide_factor)),
+                stats_callback=self._record, zero_copy=zero_copy and grad_scaler is None)
+            self._sparse_path = SparsePath(self._reducer, self._comm, self._layout,
+                                           process_set, self)
             warn_if_unmaskable(compression, self.param_groups, process_set.rank() == 0)
         else:
-            self._groups = resolve_groups(groups, self._layout)
-        if self._sparse or hvd.size() > 1 or os.environ.get("HOROVOD_ELASTIC") == "1":
-            self._register_hooks()
+            self._dense = DensePath(self._layout, self._parameter_names, compression, op,
+                                    gradient_predivide_factor, sparse_as_dense, process_set,
+                                    self._comm.prefix, groups, self._backward, self._record)
+        if sparse or hvd.size() > 1 or os.environ.get("HOROVOD_ELASTIC") == "1":
+            self._backward.register(self, self._on_gradient, self.close)
 
     def _arguments(self) -> Arguments:
         """What this optimizer was given, for the collective checks."""
@@ -123,10 +126,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     # ----- what kind of exchange ----------------------------------------------------------
     @property
-    def _sparse(self) -> bool:
-        return isinstance(self._compression, Compressor)
-
-    @property
     def compression(self):
         """The compressor (for sparse methods: its threshold, density, state)."""
         return self._compression
@@ -135,6 +134,33 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def reducer(self) -> SparseReducer | None:
         """The sparse path (residual, statistics), read-only; None on a dense one."""
         return self._reducer
+
+    @property
+    def backward_passes_per_step(self) -> int:
+        return self._backward.passes_per_step
+
+    def set_backward_passes_per_step(self, passes: int) -> None:
+        self._backward.reset(passes)
+
+    # ----- backward -----------------------------------------------------------------------
+    def _on_gradient(self, p) -> None:
+        """Backward accumulated into ``p.grad`` (the post-accumulate hook)."""
+        final = self._backward.count(p)
+        self._exchanged = False
+        if self._reducer is not None:
+            self._reducer.count_accumulation(p)
+        if final and self._dense is not None:
+            self._dense.start(p)
+
+    def close(self) -> None:
+        """Remove this optimizer's hooks and free its exchange buffers.
+
+        The wrapped optimizer's state is kept; ``step()`` and ``synchronize()`` raise
+        afterwards. Called automatically when the same parameters are wrapped again.
+        """
+        self._backward.remove()
+        self._reducer = self._sparse_path = self._dense = None
+        self._closed = True
 
     # ----- synchronize / step -------------------------------------------------------------
     def synchronize(self) -> None:
@@ -145,9 +171,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                "parameters were wrapped again, or close() was called)")
         if self._included:  # the next collective waits for ranks that work alone
             self._comm.begin_exchange()
-        if self._included and (not self._checked
-                               or self.process_set.size() != self._bound_size):
-            self.rebind()
+            if self._binding.stale():
+                self.rebind()
         if self._exchanged and self._reducer.grads_hold_the_aggregate():
             # Already exchanged, and no step(), zero_grad(), backward or new .grad since:
             # a second sparse exchange would change the aggregate (dense ones run again,
@@ -155,23 +180,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             return
         try:
             change = self._parameter_change() if self._included else None
-            if self._included and self._sparse:
-                if self._state_sync_pending is True:  # the first exchange: every rank
-                    self._adopt_shared_state(check_parameters=True)
-                if self.grad_scaler is not None and self.grad_scaler.is_enabled():
-                    # before unscale_: the residual is loss-scaled (a GPU host sync)
-                    self._reducer.follow_loss_scale(float(self.grad_scaler.get_scale()))
-                try:
-                    self._reduce_adopting(PARAMS_CHANGED if change else OK)
-                except CollectiveInputError as error:
-                    if change:
-                        raise CollectiveInputError(f"{error} (this rank: {change})") from None
-                    raise
+            if self._sparse_path is not None:
+                self._sparse_path.synchronize(change, self.grad_scaler)
             elif change:  # dense: Horovod's collectives carry no status; every rank that
                 # changed its optimizer raises here (docs/failure-modes.md)
                 raise ValueError(f"horovod_micro.DistributedOptimizer: {change}")
-            elif self._included and (self.process_set.size() > 1 or self._hooks):
-                self._synchronize_dense()
+            elif self._dense is not None and (self.process_set.size() > 1
+                                              or self._backward.registered):
+                self._dense.synchronize()
         finally:
             # Also after a collective error, so that the next zero_grad() and backward
             # start clean on every rank.
@@ -181,9 +197,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _forget_pending_exchange(self) -> None:
         """Drop the handles of gradients already sent and zero the backward-pass counts."""
-        self._handles.clear()
-        for p in self._passes:
-            self._passes[p] = 0
+        if self._dense is not None:
+            self._dense.handles.clear()
+        self._backward.reset()
 
     def _parameter_change(self) -> str | None:
         """How ``param_groups`` differ from wrapping time (:mod:`.consistency`)."""
@@ -218,7 +234,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             return super(self.__class__, self).step(closure)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        if self._handles or any(self._passes.values()):
+        if (self._dense is not None and self._dense.handles) or self._backward.pending():
             raise AssertionError("optimizer.zero_grad() was called after loss.backward() "
                                  "but before optimizer.step() or optimizer.synchronize(). "
                                  "This is prohibited as it can cause a race condition.")
@@ -234,10 +250,51 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._reducer.install_residual_views()
         return None
 
-    def set_backward_passes_per_step(self, passes: int) -> None:
-        self.backward_passes_per_step = passes
-        for p in self._passes:
-            self._passes[p] = 0
+    # ----- checkpoints and Elastic Horovod ------------------------------------------------
+    def state_dict(self) -> dict:
+        """The wrapped optimizer's state plus, for sparse methods, this rank's residual,
+        the iteration and the compressor's state (e.g. MiCRO's threshold controller).
+
+        The residual belongs to this rank: the state records the rank and the set size,
+        and :meth:`load_state_dict` refuses another rank's (the documentation's usage
+        page, "Checkpoints and resuming").
+        """
+        return with_sparse_state(super(self.__class__, self).state_dict(), self._reducer)
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Load a :meth:`state_dict`, all or nothing: if any part is refused, the
+        optimizer keeps its state from before. A sparse state saved at another number of
+        ranks loads on the rank that saved it (its residual) and maps the compressor's
+        state onto this number of ranks, as an elastic reset does."""
+        if load_all_or_nothing(state_dict, self._reducer, self._load_wrapped_state):
+            self._sparse_path.after_load()
+
+    def _load_wrapped_state(self, state: dict) -> None:
+        """Load the wrapped optimizer's ``state``, forgetting any exchange in flight; the
+        next step synchronizes again (``load_state_dict`` and the elastic restore)."""
+        self._forget_pending_exchange()
+        self._synchronized = self._exchanged = False
+        self._should_synchronize = True
+        super(self.__class__, self).load_state_dict(state)
+
+    def rebind(self) -> None:
+        """After an elastic reset: :meth:`~.elastic.ElasticBinding.rebind`, collectively."""
+        if self._included:
+            self._binding.rebind(self._reducer, self._sparse_path and self._sparse_path.adopt)
+
+    def elastic_snapshot(self) -> dict:
+        """For ``TorchState``'s commit: :meth:`~.elastic.ElasticBinding.snapshot`."""
+        return self._binding.snapshot(super(self.__class__, self).state_dict(), self._reducer)
+
+    def elastic_restore(self, snapshot: dict) -> None:
+        """Back to a snapshot of this process (after a collective failed: Horovod restores
+        the last commit on every surviving rank, so model, residual and controller are all
+        from the same iteration). Gradients are dropped, since a half-done step's ``.grad``
+        must not be added to by the next backward."""
+        self._load_wrapped_state(copy.deepcopy(snapshot["optimizer"]))
+        for p in self._layout.params:
+            p.grad = None
+        self._binding.restore(snapshot, self._reducer)
 
 
 def DistributedOptimizer(  # noqa: N802  (Horovod's name)
@@ -332,12 +389,9 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name)
     if not is_dense_compressor(compression) and not isinstance(compression, Compressor):
         raise TypeError(f"compression must be a horovod_micro or Horovod compressor, got "
                         f"{compression!r}")
-    merged = {}
-    for part in (DenseExchange, ElasticMethods, HookMethods, SharedStateMethods,
-                 CheckpointMethods, _DistributedOptimizer):
-        merged.update({k: v for k, v in vars(part).items()
-                        if k not in ("__dict__", "__weakref__")})
-    cls = type(optimizer.__class__.__name__, (optimizer.__class__,), merged)
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
+               {k: v for k, v in vars(_DistributedOptimizer).items()
+                if k not in ("__dict__", "__weakref__")})
     # hvd.broadcast_optimizer_state recognises a distributed optimizer by its module and
     # then initialises state with the wrapped optimizer's own step (no exchange); saying
     # that we are one keeps a state broadcast from running a collective step.

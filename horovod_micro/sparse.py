@@ -1,27 +1,69 @@
-"""The state every rank of a sparse optimizer's process set holds alike.
+"""The sparse half of ``hvm.DistributedOptimizer``: one exchange per step, on a state every
+rank holds alike.
 
-The iteration and the compressor's state (MiCRO's controller, PowerSGD's ``Q``) must be
-the same on every rank, or parts overlap and thresholds differ; each rank keeps its own
-error-feedback residual. Its methods are merged into ``hvm.DistributedOptimizer``'s class
-(see :mod:`horovod_micro.optimizer`).
+:class:`SparsePath` runs the :class:`~horovod_micro.reducer.SparseReducer` in
+``synchronize()``, after making sure that the state every rank of the set must share is
+shared: the iteration and the compressor's state (MiCRO's controller, PowerSGD's ``Q``)
+must be the same on every rank, or parts overlap and thresholds differ; each rank keeps
+its own error-feedback residual.
 """
 
 from __future__ import annotations
 
 import math
 import warnings
+import weakref
 
 import horovod.torch as hvd
 import torch
 
 from .naming import alive_alike
-from .status import OK, STATE_LOADED, CollectiveInputError, StateReloaded
+from .status import OK, PARAMS_CHANGED, STATE_LOADED, CollectiveInputError, StateReloaded
 
 
-class SharedStateMethods:
-    """Adopting the set's first rank's shared state, and checking the ranks' weights."""
+class SparsePath:
+    """The sparse exchange, and whether this rank must first adopt the set's first rank's
+    shared state.
 
-    def _adopt_shared_state(self, check_parameters: bool = False) -> None:
+    ``pending``: True after construction (the first exchange adopts on every rank),
+    ``"loaded"`` after a ``load_state_dict`` since (the next exchange asks every rank
+    whether it loaded too), False otherwise. ``loaded``: whether a state was loaded since
+    the last parameter check. ``owner`` is the optimizer, told apart from others built
+    alike (:func:`~horovod_micro.naming.alive_alike`), which exchange while they hold a
+    ``reducer`` (until closed).
+    """
+
+    def __init__(self, reducer, comm, layout, process_set, owner):
+        self.reducer = reducer
+        self.comm = comm
+        self.layout = layout
+        self.process_set = process_set
+        self.owner = weakref.ref(owner)
+        self.pending: bool | str = True
+        self.loaded = False
+
+    def synchronize(self, change: str | None, grad_scaler) -> None:
+        """This step's exchange. ``change``: how this rank's parameters differ from
+        wrapping time (reported collectively); ``grad_scaler``: the scaler whose scale the
+        residual follows, or None."""
+        if self.pending is True:  # the first exchange: every rank
+            self.adopt(check_parameters=True)
+        if grad_scaler is not None and grad_scaler.is_enabled():
+            # before unscale_: the residual is loss-scaled (a GPU host sync)
+            self.reducer.follow_loss_scale(float(grad_scaler.get_scale()))
+        try:
+            self.reduce(PARAMS_CHANGED if change else OK)
+        except CollectiveInputError as error:
+            if change:
+                raise CollectiveInputError(f"{error} (this rank: {change})") from None
+            raise
+
+    def after_load(self) -> None:
+        """A checkpoint was loaded into the reducer (``load_state_dict``)."""
+        self.pending = True if self.pending is True else "loaded"
+        self.loaded = True
+
+    def adopt(self, check_parameters: bool = False) -> None:
         """Make the iteration and the compressor's state (e.g. MiCRO's controller) those of
         the set's first rank; each rank keeps its own residual.
 
@@ -33,30 +75,29 @@ class SharedStateMethods:
         so every rank takes part), and is a no-op when the ranks already agree.
 
         ``check_parameters`` (the first exchange, and the first after a load): first
-        compare the ranks' parameters, see :meth:`_check_same_parameters`.
+        compare the ranks' parameters, see :meth:`check_same_parameters`.
         """
         root = (self.process_set.ranks or list(range(hvd.size())))[0]
         if check_parameters:
-            self._check_same_parameters()
-        shared = self._comm.broadcast_object(self._reducer.shared_state(), root,
-                                             "shared-state")
-        self._reducer.load_shared_state(shared)
-        self._state_sync_pending = False
+            self.check_same_parameters()
+        shared = self.comm.broadcast_object(self.reducer.shared_state(), root, "shared-state")
+        self.reducer.load_shared_state(shared)
+        self.pending = False
 
-    def _reduce_adopting(self, reported: int) -> None:
+    def reduce(self, reported: int) -> None:
         """The sparse exchange; where this rank loaded a state since its last exchange, it
         reports :data:`~horovod_micro.status.STATE_LOADED`. If every rank did (Horovod's
         resume idiom), every rank adopts the first rank's shared state and exchanges
         again; if some did, every rank raises the same error."""
-        if reported == OK and self._state_sync_pending:
+        if reported == OK and self.pending:
             reported = STATE_LOADED
         try:
-            self._reducer.reduce(reported)
+            self.reducer.reduce(reported)
         except StateReloaded:
-            self._adopt_shared_state(check_parameters=True)
-            self._reducer.reduce(OK)
+            self.adopt(check_parameters=True)
+            self.reducer.reduce(OK)
 
-    def _check_same_parameters(self) -> None:
+    def check_same_parameters(self) -> None:
         """Refuse, on every rank, models paired across ranks; warn about weights that were
         not broadcast.
 
@@ -76,12 +117,13 @@ class SharedStateMethods:
         fresh optimizers on zero gradients, which weight decay turns into a change of the
         weights (of about ``lr`` per weight with Adam), as in stock Horovod.
         """
-        digest = parameter_digest([p.detach() for p in self._layout.params])
-        others = [o for o in alive_alike(self._comm.prefix) if o is not self and not o._closed]
-        flags = torch.tensor([1.0 if self._loaded else 0.0, 1.0 if others else 0.0],
+        digest = parameter_digest([p.detach() for p in self.layout.params])
+        me = self.owner()
+        others = [o for o in alive_alike(self.comm.prefix) if o is not me and o.reducer is not None]
+        flags = torch.tensor([1.0 if self.loaded else 0.0, 1.0 if others else 0.0],
                              dtype=torch.float64)
-        everyone = self._comm.allgather(torch.cat([digest, flags]).view(1, 5), "parameters")
-        self._loaded = False
+        everyone = self.comm.allgather(torch.cat([digest, flags]).view(1, 5), "parameters")
+        self.loaded = False
         if bool((everyone[:, 3] > 0).any()):
             return
         first = everyone[0]
@@ -100,7 +142,7 @@ class SharedStateMethods:
                 "ranks pair up by build order: build the optimizers of same-shaped models "
                 "in the same order on every rank, and broadcast the weights first "
                 "(hvd.broadcast_parameters(model.state_dict(), root_rank=0))")
-        if self._comm.rank == 0:
+        if self.comm.rank == 0:
             warnings.warn(
                 f"horovod_micro: the parameters of rank(s) {differ} differ from those of the "
                 "set's first rank at the first exchange (not broadcast?): each rank trains "
