@@ -16,7 +16,7 @@ import ctypes
 
 import torch
 
-from .selection import forced_torch, native_library
+from .native import forced_torch, native_library
 
 
 def _load():

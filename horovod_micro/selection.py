@@ -17,22 +17,13 @@ could flip a comparison. A source tree where the kernel was not built also uses 
 from __future__ import annotations
 
 import ctypes
-import importlib.util
 import math
-import os
 
 import torch
 
+from .native import forced_torch, native_library
+
 INT32_MAX = 2**31 - 1
-
-
-def native_library() -> ctypes.CDLL | None:
-    """The built native kernels (``_native/*.c``), or None in a tree where they were not
-    built."""
-    spec = importlib.util.find_spec("horovod_micro._select")
-    if spec is None or spec.origin is None:
-        return None
-    return ctypes.CDLL(spec.origin)
 
 
 def _load_native():
@@ -49,12 +40,6 @@ def _load_native():
 
 
 _native_select, _native_select_values = _load_native()
-
-
-def forced_torch() -> bool:
-    """``HOROVOD_MICRO_SELECT=torch`` forces the device-generic torch path on the CPU: the
-    path a CUDA tensor takes, so tests exercise it on machines without a GPU."""
-    return os.environ.get("HOROVOD_MICRO_SELECT", "").lower() == "torch"
 
 
 def native_available() -> bool:

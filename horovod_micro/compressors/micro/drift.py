@@ -11,7 +11,8 @@ import ctypes
 
 import torch
 
-from ...selection import ThresholdSelector, index_dtype, native_library
+from ...native import native_library
+from ...selection import ThresholdSelector, index_dtype
 
 #: The drift judge's ages live in 16-bit stamps (mod 2^16): 2 bytes per coordinate beside
 #: its 4-byte value. MiCRO caps true ages at AGE_CAP and re-caps them every AGE_RECAP
