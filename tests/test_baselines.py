@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -57,50 +59,112 @@ VARIANTS = [
 ]
 
 
-def simulate(spec, n, grads, traces):
-    kw = spec["kwargs"]
-    common = {"average": spec["op"] == "average", "error_feedback": kw.get("error_feedback", True),
-              "wire": fp16_round_trip if kw.get("fp16_values") else identity}
-    method = spec["method"]
-    if method == "topk":
-        return simulate_topk(grads, n, K, **common)
-    if method == "cltk":
-        return simulate_cltk(grads, n, K, **common)
-    if method == "threshold":
-        lam = kw.get("value") or hard_threshold_from_density(kw["density"], NUMEL)
-        return simulate_threshold(grads, n, lam, **common)
-    if method == "randomk":
-        drawn = [torch.nonzero(torch.tensor(t["grad"])).view(-1) for t in traces[0]]
-        return simulate_randomk(grads, n, drawn, **common)
-    if method == "gtopk":
-        return simulate_gtopk(grads, n, K, value_bytes=2 if kw.get("fp16_values") else 4,
-                              **common)
-    raise AssertionError(method)
-
-
 def ring_allgather(blocks, r):
     n = len(blocks)
     return sum(blocks) - blocks[(r + 1) % n], sum(blocks) - blocks[r]
 
 
+def _wire_bytes(spec):
+    return 2 if spec["kwargs"].get("fp16_values") else 4
+
+
+def _allreduce(spec, n, union):
+    return 2 * (n - 1) * _wire_bytes(spec) * union // n
+
+
+def _gathered_pairs_bytes(spec, n, r, counts, union, want):
+    """Top-k and the hard threshold: an index gather with a 3-word header, then the
+    values gathered (ring model)."""
+    s1, r1 = ring_allgather([4 * (c + 3) for c in counts], r)
+    s2, r2 = ring_allgather([_wire_bytes(spec) * c for c in counts], r) if union else (0, 0)
+    return s1 + s2, r1 + r2
+
+
+def _leader_bytes(spec, n, r, counts, union, want):
+    """CLT-k: the leader's index gather, then a value allreduce over the union."""
+    s1, r1 = ring_allgather([4 * (c + 3) for c in counts], r)
+    return s1 + _allreduce(spec, n, union), r1 + _allreduce(spec, n, union)
+
+
+def _header_only_bytes(spec, n, r, counts, union, want):
+    """Random-k: a header-only gather (every rank drew the same coordinates), then a
+    value allreduce."""
+    s1, r1 = ring_allgather([12] * n, r)
+    return s1 + _allreduce(spec, n, union), r1 + _allreduce(spec, n, union)
+
+
+def _simulated_tree_bytes(spec, n, r, counts, union, want):
+    """gTop-k: the tree's bytes, counted by its simulation."""
+    return want["bytes_sent"][r], want["bytes_received"][r]
+
+
+def _randomk(grads, n, k, kw, **common):
+    # The draw stays an input (a pseudo-random sequence cannot be restated without its
+    # generator; test_two_gloo_ranks_every_method_equals_simulation checks that it is k
+    # distinct coordinates, new each step and per seed, the same on every rank): what the
+    # exchange does with it is under test.
+    numel = grads[0][0].numel()
+    drawn = [shared_indices(numel, k, kw.get("seed", 0), t) for t in range(len(grads))]
+    return simulate_randomk(grads, n, drawn, **common)
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """What the tests know of one built-in baseline, independently of the library: its
+    simulation (``simulate(grads, n, k, kwargs, **common)``), how many coordinates each
+    rank selects (``counts(simulated_selections, n, t)``), its bytes per rank
+    (``bytes(spec, n, r, counts, union, want)``, the ring and direct models of the
+    docstrings), and whether float16 values are summed on the wire (an allreduce, in
+    float16) rather than gathered and summed in float32. A new built-in method is one
+    library file plus one entry in :data:`BASELINES`."""
+
+    simulate: Callable
+    counts: Callable
+    bytes: Callable
+    sums_on_wire: bool = False
+
+
+def _own_counts(selections, n, t):
+    return [len(s) for s in selections]
+
+
+BASELINES = {
+    "topk": Baseline(lambda grads, n, k, kw, **c: simulate_topk(grads, n, k, **c),
+                     _own_counts, _gathered_pairs_bytes),
+    "threshold": Baseline(
+        lambda grads, n, k, kw, **c: simulate_threshold(
+            grads, n, kw.get("value") or hard_threshold_from_density(
+                kw["density"], grads[0][0].numel()), **c),
+        _own_counts, _gathered_pairs_bytes),
+    "cltk": Baseline(lambda grads, n, k, kw, **c: simulate_cltk(grads, n, k, **c),
+                     lambda selections, n, t: [K if q == t % n else 0 for q in range(n)],
+                     _leader_bytes, sums_on_wire=True),
+    "randomk": Baseline(_randomk, lambda selections, n, t: [K] * n, _header_only_bytes,
+                        sums_on_wire=True),
+    "gtopk": Baseline(
+        lambda grads, n, k, kw, **c: simulate_gtopk(
+            grads, n, k, value_bytes=2 if kw.get("fp16_values") else 4, **c),
+        lambda selections, n, t: [K] * n, _simulated_tree_bytes),
+}
+
+
+def common_arguments(spec) -> dict:
+    """The simulation's arguments that every method takes, from ``spec``."""
+    kw = spec["kwargs"]
+    return {"average": spec["op"] == "average", "error_feedback": kw.get("error_feedback", True),
+            "wire": fp16_round_trip if kw.get("fp16_values") else identity}
+
+
+def simulate(spec, n, grads, traces=None, density=DENSITY):
+    """The independent reference of ``spec``'s baseline over ``grads[t][r]``."""
+    kw = spec["kwargs"]
+    k = math.floor(kw.get("density", density) * grads[0][0].numel())
+    return BASELINES[spec["method"]].simulate(grads, n, k, kw, **common_arguments(spec))
+
+
 def expected_bytes(spec, n, r, counts, union, want):
     """(sent, received) of rank r under the ring / direct models of the docstrings."""
-    vb = 2 if spec["kwargs"].get("fp16_values") else 4
-    method = spec["method"]
-    if method == "gtopk":
-        return want["bytes_sent"][r], want["bytes_received"][r]
-    allreduce = 2 * (n - 1) * vb * union // n
-    if method in ("topk", "threshold"):
-        s1, r1 = ring_allgather([4 * (c + 3) for c in counts], r)
-        s2, r2 = ring_allgather([vb * c for c in counts], r) if union else (0, 0)
-        return s1 + s2, r1 + r2
-    if method == "cltk":
-        s1, r1 = ring_allgather([4 * (c + 3) for c in counts], r)
-        return s1 + allreduce, r1 + allreduce
-    if method == "randomk":  # header-only gather
-        s1, r1 = ring_allgather([12] * n, r)
-        return s1 + allreduce, r1 + allreduce
-    raise AssertionError(method)
+    return BASELINES[spec["method"]].bytes(spec, n, r, counts, union, want)
 
 
 def check_traces(results, specs, n, skew=0.0):
@@ -115,7 +179,7 @@ def check_traces(results, specs, n, skew=0.0):
         sims[label] = want
         # Allreduce-based methods sum float16 values in float16 (Horovod's op), the
         # simulation in float32; gather-based ones sum in float32 on both sides.
-        loose = spec["kwargs"].get("fp16_values") and spec["method"] in ("cltk", "randomk")
+        loose = spec["kwargs"].get("fp16_values") and BASELINES[spec["method"]].sums_on_wire
         rtol, atol = (2e-3, 1e-5) if loose else (1e-5, 1e-7)
         for t in range(ITERATIONS):
             w = want[t]
@@ -134,12 +198,8 @@ def check_traces(results, specs, n, skew=0.0):
                 assert got["global_count"] == union, context
                 assert got["density"] == union / NUMEL, context
                 counts = got["rank_counts"]
-                if spec["method"] in ("topk", "threshold"):
-                    assert counts == [len(s) for s in w["selections"]], context
-                elif spec["method"] == "cltk":
-                    assert counts == [K if q == t % n else 0 for q in range(n)], context
-                else:
-                    assert counts == [K] * n, context
+                assert counts == BASELINES[spec["method"]].counts(
+                    w.get("selections"), n, t), context
                 assert (got["bytes_sent"], got["bytes_received"]) == expected_bytes(
                     spec, n, r, counts, union, w), context
                 assert got["comm_time"] > 0 and got["select_time"] >= 0, context

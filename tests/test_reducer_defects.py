@@ -16,20 +16,9 @@ import math
 import pytest
 import torch
 from multirank import run_ranks
-from simulation import (
-    fp16_round_trip,
-    identity,
-    injected_gradient,
-    per_rank_thresholds,
-    simulate_micro,
-)
-from simulation_baselines import (
-    simulate_cltk,
-    simulate_gtopk,
-    simulate_randomk,
-    simulate_threshold,
-    simulate_topk,
-)
+from simulation import injected_gradient, per_rank_thresholds, simulate_micro
+from test_baselines import common_arguments
+from test_baselines import simulate as simulate_baseline
 
 from horovod_micro.compressors.randomk import shared_indices
 from horovod_micro.layout import FlatLayout
@@ -54,32 +43,14 @@ def every_method(**kwargs):
 
 
 def simulate(spec, n, grads, traces):
-    """The independent reference of ``spec``'s method over ``grads[t][r]``."""
+    """The independent reference of ``spec``'s method over ``grads[t][r]``: MiCRO's, or a
+    baseline's from :data:`test_baselines.BASELINES`."""
     kw = spec["kwargs"]
-    common = {"average": spec["op"] == "average",
-              "error_feedback": kw.get("error_feedback", True),
-              "wire": fp16_round_trip if kw.get("fp16_values") else identity}
-    method, numel = spec["method"], grads[0][0].numel()
-    k = math.floor(kw.get("density", DENSITY) * numel)
-    if method == "micro":
-        return simulate_micro(grads, per_rank_thresholds(traces), n,
-                              judge=kw.get("judge", "drift"),
-                              density=kw.get("density", DENSITY), **common)
-    if method == "topk":
-        return simulate_topk(grads, n, k, **common)
-    if method == "cltk":
-        return simulate_cltk(grads, n, k, **common)
-    if method == "threshold":
-        return simulate_threshold(grads, n, kw["value"], **common)
-    if method == "randomk":
-        # The draw itself is not under test here (a pseudo-random sequence cannot be
-        # restated without its generator; test_baselines checks that it is distinct,
-        # uniform and the same on every rank): what the exchange does with it is.
-        drawn = [shared_indices(numel, k, kw.get("seed", 0), t) for t in range(len(grads))]
-        return simulate_randomk(grads, n, drawn, **common)
-    if method == "gtopk":
-        return simulate_gtopk(grads, n, k, **common)
-    raise AssertionError(method)
+    if spec["method"] != "micro":
+        return simulate_baseline(spec, n, grads, density=DENSITY)
+    return simulate_micro(grads, per_rank_thresholds(traces), n,
+                          judge=kw.get("judge", "drift"),
+                          density=kw.get("density", DENSITY), **common_arguments(spec))
 
 
 def norm(x: torch.Tensor) -> float:
