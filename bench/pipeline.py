@@ -7,7 +7,7 @@ One iteration of a sparse run is::
 and ``synchronize()`` runs the reducer's phases (``horovod_micro/reducer.py``), which
 the reducer itself times on every step (``StepStats.phases``):
 
-    accumulate (a_t = e_t + g_t) -> check (norm, NaN/Inf) -> select (+ slope probe)
+    accumulate (a_t = e_t + g_t) -> status (norm, NaN/Inf) -> select (+ slope probe)
     -> indices (index allgather) -> values (value allreduce) -> exchange_local
     -> update (residual and output buffer) -> write_back
 
@@ -81,7 +81,7 @@ VARIANTS = {
 }
 SPARSE = [label for label, spec in VARIANTS.items() if spec is not None]
 POOL = 64  # random batches cycled per iteration (bench.common.random_batches)
-PHASES = ("accumulate", "check", "select", "indices", "values", "exchange_local", "update",
+PHASES = ("accumulate", "status", "select", "indices", "values", "exchange_local", "update",
           "write_back")
 
 

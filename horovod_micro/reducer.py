@@ -30,10 +30,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 
-from .compressors.base import Aggregate, Compressor, ReduceOp
+from .compressors.base import Aggregate, Compressor, ReduceOp, Selection
 from .exchange import Comm, Traffic
 from .layout import FlatLayout, FrozenSlices
 from .reducer_state import ReducerCheckpoint
@@ -153,6 +154,66 @@ def write_aggregate(acc: torch.Tensor, output: torch.Tensor, applied: torch.Tens
     return sent, kept
 
 
+def skip_nonfinite(residual: torch.Tensor, output: torch.Tensor, layout: FlatLayout,
+                   reduced: Aggregate) -> float:
+    """A non-finite step's writes. Every rank hands NaN to its optimizer (``output``), as
+    dense Horovod would spread it, so a GradScaler skips the step everywhere, and the
+    threshold stays. Nothing was applied, so the ``residual`` keeps ``a_t``, all of it but
+    two kinds of entry, which become 0: its own non-finite entries (they would poison every
+    later step) and the coordinates whose aggregate came out non-finite or beyond a
+    float16 parameter's range (a value that cannot travel, be summed or be written back
+    would overflow again at once and block training for good; every rank holds the same
+    aggregate, so every rank drops the same coordinates). Returns the residual's norm."""
+    output.fill_(math.nan)
+    torch.nan_to_num_(residual, nan=0.0, posinf=0.0, neginf=0.0)
+    overflowed = reduced.indices[layout.unrepresentable(reduced.indices, reduced.values)]
+    residual.index_fill_(0, overflowed.long(), 0.0)
+    return _norm(residual)
+
+
+@dataclass
+class _Step:
+    """What one :meth:`SparseReducer.reduce` carries from phase to phase: the phases'
+    clock, ``a_t`` (``acc``) and whether it lies in the residual's buffer (``in_place``),
+    the parameters frozen after wrapping, ``||a_t||^2`` (None until squared), the status
+    backward's views reported, and the exchange's traffic."""
+
+    clock: PhaseClock
+    acc: torch.Tensor
+    in_place: bool
+    frozen: FrozenSlices
+    sq_norm: float | torch.Tensor | None
+    status: int
+    traffic: Traffic = field(default_factory=Traffic)
+
+
+def step_stats(reducer: SparseReducer, step: _Step, reduced: Aggregate, nonfinite: bool,
+               residual_norm: float | Callable[[], float]) -> StepStats:
+    """The :class:`StepStats` of one exchange (device scalars are read when asked)."""
+    gathered, traffic, clock = reduced.gathered, step.traffic, step.clock
+    threshold = reduced.threshold
+    compressor, numel = reducer.compressor, reducer.layout.numel
+    return StepStats(
+        iteration=reducer.iteration,
+        method=compressor.name,
+        numel=numel,
+        target_count=compressor.target_count,
+        threshold=threshold.item if isinstance(threshold, torch.Tensor) else threshold,
+        rank_counts=gathered.sent_counts,
+        selected_counts=gathered.counts,
+        global_count=int(reduced.indices.numel()),
+        density=reduced.indices.numel() / numel,
+        target_density=compressor.density,
+        bytes_sent=traffic.sent,
+        bytes_received=traffic.received,
+        residual_norm=residual_norm,
+        select_time=clock.total - traffic.seconds,
+        comm_time=traffic.seconds,
+        nonfinite=nonfinite,
+        phases=clock.seconds,
+    )
+
+
 class SparseReducer(ReducerCheckpoint):
     """Runs a :class:`Compressor` over the flat gradient of a fixed list of parameters."""
 
@@ -194,12 +255,39 @@ class SparseReducer(ReducerCheckpoint):
         ``reported``: an error status the caller found on this rank (PARAMS_CHANGED),
         raised collectively like the reducer's own.
 
+        The phases, each its own method, in the order of the module's diagram:
+
+        1. accumulate: ``a_t = e_t + g_t`` (nothing to do where backward wrote into the
+           residual's views);
+        2. status: the header's status word (NaN/Inf, the overflow bound, input errors);
+        3. select: the compressor's choice in ``a_t``;
+        4. exchange: indices gathered, values summed and averaged (the compressor's);
+        5. update: the residual keeps what was not sent, the output takes the aggregate;
+        6. write back: each ``.grad`` becomes its slice of the output.
+
         If the exchange raises, nothing was applied: the iteration and the compressor's
         state are those from before the call, and ``a_t`` is kept whole. Where backward
         wrote into the residual (:meth:`install_residual_views`), the residual keeps
         ``a_t``, this step's gradient included, and ``.grad`` still shows it; a gradient
         that came in its own tensor is left where it was, with the residual untouched.
         """
+        step = self._accumulate()                           # 1
+        word = self._status(step, reported)                 # 2
+        selection = self._select(step)                      # 3
+        reduced = self._exchange(step, selection, word)     # 4
+        nonfinite, residual_norm = self._update(step, reduced)  # 5
+        self._write_back()                                  # 6
+        step.clock.lap("write_back")
+        step.clock.split("exchange", step.traffic.by_role)
+        stats = step_stats(self, step, reduced, nonfinite, residual_norm)
+        self.iteration += 1
+        self.last_stats = stats
+        if self.stats_callback is not None:
+            self.stats_callback(stats)
+        return stats
+
+    def _accumulate(self) -> _Step:
+        """1. ``a_t = e_t + g_t``, and ``||a_t||^2`` where it comes on the way."""
         clock = PhaseClock(self.phase_sync)
         watching = self.views.check(self.residual)
         acc, status, in_place, sq_norm = self.views.error_compensated(
@@ -208,78 +296,69 @@ class SparseReducer(ReducerCheckpoint):
             self._written = None
         frozen = FrozenSlices(self.layout, acc)  # parameters frozen after wrapping
         clock.lap("accumulate")
+        return _Step(clock, acc, in_place, frozen, sq_norm, status)
+
+    def _status(self, step: _Step, reported: int) -> int | torch.Tensor:
+        """2. The header's status word, from ``||a_t||^2`` (squared now if it was not)."""
+        acc, sq_norm = step.acc, step.sq_norm
         if sq_norm is None:  # not squared on the way (zero-copy, or no native kernel)
             sq_norm = torch.dot(acc, acc)
             if not reads_wait(acc):  # a read costs nothing here
                 sq_norm = float(sq_norm)
-        elif frozen:
-            sq_norm = sq_norm - frozen.squared_norm()
-        if reported != OK:
-            status = reported
+        elif step.frozen:
+            sq_norm = sq_norm - step.frozen.squared_norm()
+        step.sq_norm = sq_norm
+        status = reported if reported != OK else step.status
         word = status_word(acc, status, sq_norm, step_check(self.layout.params),
                            overflow_bound(self.compressor, self.layout, self.comm.size,
                                           self.reduction))
-        clock.lap("check")
-        self.compressor.prepare(sq_norm)
-        selection = self.compressor.select(acc, self.iteration)
-        clock.lap("select")
+        step.clock.lap("status")
+        return word
 
-        traffic = Traffic()
-        with frozen.restored_on_error(acc):  # a_t kept whole
-            reduced = self.compressor.exchange(acc, selection, word, self.iteration,
-                                               self.reduction, traffic)
-        clock.lap("exchange")
-        if not in_place:  # a_t was built in the output buffer: the buffers trade roles
-            self.residual, self.output = acc, self.residual
+    def _select(self, step: _Step) -> Selection:
+        """3. The compressor's choice in ``a_t`` (its scale from ``||a_t||^2``)."""
+        self.compressor.prepare(step.sq_norm)
+        selection = self.compressor.select(step.acc, self.iteration)
+        step.clock.lap("select")
+        return selection
 
-        # NaN/Inf in some rank's a_t came with the status; a value that overflowed on the
-        # wire (fp16_values) or in the sum shows in the aggregate, which every rank holds
-        # identically, so it is judged the same everywhere without another message.
-        # So does an aggregate beyond a float16 parameter's range. Where every rank's
-        # norm bounds its values far below the range (the BOUNDED flag), no look is needed.
+    def _exchange(self, step: _Step, selection: Selection, word) -> Aggregate:
+        """4. The compressor's exchange; on an error ``a_t`` is kept whole, and where it
+        was built in the output buffer the two buffers trade roles after success."""
+        with step.frozen.restored_on_error(step.acc):  # a_t kept whole
+            reduced = self.compressor.exchange(step.acc, selection, word, self.iteration,
+                                               self.reduction, step.traffic)
+        step.clock.lap("exchange")
+        if not step.in_place:  # a_t was built in the output buffer: the buffers trade roles
+            self.residual, self.output = step.acc, self.residual
+        return reduced
+
+    def _update(self, step: _Step, reduced: Aggregate
+                ) -> tuple[bool, float | Callable[[], float]]:
+        """5. The residual and the output after the exchange: a finite step applies the
+        aggregate (:meth:`_apply`), a non-finite one is skipped (:func:`skip_nonfinite`). Returns
+        whether it was skipped, and the residual's norm.
+
+        NaN/Inf in some rank's ``a_t`` came with the status; a value that overflowed on
+        the wire (fp16_values) or in the sum shows in the aggregate, which every rank holds
+        identically, so it is judged the same everywhere without another message. So does
+        an aggregate beyond a float16 parameter's range. Where every rank's norm bounds its
+        values far below the range (the BOUNDED flag), no look is needed."""
         proven = reduced.gathered.cannot_overflow() and not self.layout.narrow
         nonfinite = reduced.gathered.nonfinite() or (
             not proven and self.layout.any_unrepresentable(reduced.indices, reduced.values))
         if nonfinite:
-            residual_norm = self._skip(reduced)
+            self._written = self.applied = None
+            residual_norm = skip_nonfinite(self.residual, self.output, self.layout, reduced)
         else:
-            residual_norm = self._apply(reduced, sq_norm)
+            residual_norm = self._apply(reduced, step.sq_norm)
         if not self.compressor.error_feedback:
             self.residual.zero_()
             residual_norm = 0.0
-        elif frozen:  # back after the update, which may rewrite the whole residual
-            frozen.restore(self.residual)
-        clock.lap("update")
-        self._write_back()
-        clock.lap("write_back")
-        clock.split("exchange", traffic.by_role)
-
-        gathered = reduced.gathered
-        threshold = reduced.threshold  # a device scalar is read when the statistic is
-        stats = StepStats(
-            iteration=self.iteration,
-            method=self.compressor.name,
-            numel=self.layout.numel,
-            target_count=self.compressor.target_count,
-            threshold=threshold.item if isinstance(threshold, torch.Tensor) else threshold,
-            rank_counts=gathered.sent_counts,
-            selected_counts=gathered.counts,
-            global_count=int(reduced.indices.numel()),
-            density=reduced.indices.numel() / self.layout.numel,
-            target_density=self.compressor.density,
-            bytes_sent=traffic.sent,
-            bytes_received=traffic.received,
-            residual_norm=residual_norm,
-            select_time=clock.total - traffic.seconds,
-            comm_time=traffic.seconds,
-            nonfinite=nonfinite,
-            phases=clock.seconds,
-        )
-        self.iteration += 1
-        self.last_stats = stats
-        if self.stats_callback is not None:
-            self.stats_callback(stats)
-        return stats
+        elif step.frozen:  # back after the update, which may rewrite the whole residual
+            step.frozen.restore(self.residual)
+        step.clock.lap("update")
+        return nonfinite, residual_norm
 
     def _apply(self, reduced: Aggregate, sq_norm: float | torch.Tensor
                ) -> float | Callable[[], float]:
@@ -338,26 +417,6 @@ class SparseReducer(ReducerCheckpoint):
             return written[1]
         self.full_clears += 1
         return None
-
-    def _skip(self, reduced: Aggregate) -> float:
-        """A non-finite step. Every rank hands NaN to its optimizer, as dense Horovod would
-        spread it, so a GradScaler skips the step everywhere, and the threshold stays.
-        Nothing was applied, so the residual keeps ``a_t``, all of it but two kinds of
-        entry, which become 0: its own non-finite entries (they would poison every later
-        step) and the coordinates whose aggregate came out non-finite or beyond a float16
-        parameter's range (a value that cannot travel, be summed or be written back would
-        overflow again at once and block training for good; every rank holds the same
-        aggregate, so every rank drops the same coordinates).
-        Returns the residual's norm."""
-        acc = self.residual
-        self._written = None
-        self.applied = None
-        self.output.fill_(math.nan)
-        torch.nan_to_num_(acc, nan=0.0, posinf=0.0, neginf=0.0)
-        overflowed = reduced.indices[self.layout.unrepresentable(reduced.indices,
-                                                                  reduced.values)]
-        acc.index_fill_(0, overflowed.long(), 0.0)
-        return _norm(acc)
 
     def forget_views(self) -> None:
         """The residual is about to be overwritten whole (an elastic restore)."""

@@ -77,9 +77,10 @@ class StepStats:
         comm_time: seconds spent in collectives on this rank, waiting included.
         nonfinite: whether any rank's gradient held NaN/Inf this iteration.
         phases: seconds per phase of the sparse step on this rank, in order
-            (:class:`PhaseClock`): ``accumulate`` (a_t = e_t + g_t), ``check`` (norm and
-            NaN/Inf check), ``select``, the exchange split into its collectives (by role,
-            e.g. ``indices``, ``values``; waiting for other ranks included) and
+            (:class:`PhaseClock`): ``accumulate`` (a_t = e_t + g_t), ``status`` (norm,
+            NaN/Inf, the header's status word), ``select``, the exchange split into its
+            collectives (by role, e.g. ``indices``, ``values``; waiting for other ranks
+            included) and
             ``exchange_local`` (the method's own gathers and casts), ``update`` (residual
             and output buffer), ``write_back``.
         momentum_masked: parameters whose momentum buffer was masked after this step

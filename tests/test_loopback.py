@@ -161,7 +161,7 @@ def test_reducer_synchronises_at_every_phase_boundary_when_asked(monkeypatch):
         return len(calls), [p for p in stats.phases if p not in ("indices", "values")]
 
     for calls, laps in LoopbackGroup(2).run(body):
-        assert laps == ["accumulate", "check", "select", "exchange_local", "update",
+        assert laps == ["accumulate", "status", "select", "exchange_local", "update",
                         "write_back"]
         assert calls == 1 + len(laps)
 

@@ -73,7 +73,7 @@ def check_variants(results, native: bool):
         assert [r["full_clears"] for r in runs["copy"]] == list(range(1, ITERATIONS + 1))
         # Every step timed its phases, in the order of the step (the value allreduce is
         # skipped, and so untimed, on a step that selected nothing).
-        order = ["accumulate", "check", "select", "indices", "values", "exchange_local",
+        order = ["accumulate", "status", "select", "indices", "values", "exchange_local",
                  "update", "write_back"]
         for rec in runs["zero_copy"]:
             phases = list(rec["phases"])
