@@ -177,44 +177,43 @@ def mask_momentum(optimizer: torch.optim.Optimizer, params: list[torch.nn.Parame
 
 
 @contextmanager
-def masking(optimizer: torch.optim.Optimizer, reducer):
-    """Around the wrapped optimizer's step (``reducer``: a
-    :class:`~horovod_micro.reducer.SparseReducer`, or None for a dense path): Adam's first
-    moment primed before it, the momentum masked after it, where the compressor masks."""
-    if (reducer is not None and reducer.applied is not None and reducer.compressor.masks()
+def masking(optimizer: torch.optim.Optimizer, compressor, layout,
+            applied: torch.Tensor | None, stats):
+    """Around the wrapped optimizer's step, after an exchange that applied an aggregate at
+    the flat coordinates ``applied`` (None: nothing to mask, a dense path or a skipped
+    step) over ``layout``'s parameters: Adam's first moment primed before the step, the
+    momentum masked after it (:func:`mask_applied`), where ``compressor`` masks."""
+    if (applied is not None and compressor.masks()
             and any("betas" in g for g in optimizer.param_groups)):  # Adam's kind only
-        prime_first_moment(optimizer, reducer.layout.params, reducer.layout.slices,
-                           reducer.applied)
+        prime_first_moment(optimizer, layout.params, layout.slices, applied)
     yield
-    if reducer is not None:
-        mask_applied(optimizer, reducer)
+    if applied is not None:
+        mask_applied(optimizer, compressor, layout, applied, stats)
 
 
-def mask_applied(optimizer: torch.optim.Optimizer, reducer) -> None:
-    """After the wrapped optimizer's step: mask the momentum at the coordinates the
-    reducer's last exchange applied, once per exchange, where its compressor masks at this
-    number of ranks (``reducer``: a :class:`~horovod_micro.reducer.SparseReducer`), and
-    record how many parameters were masked in ``reducer.last_stats``. Raises where
-    masking should have acted and found no momentum buffer at all (every rank holds the
-    same optimizer state, so every rank raises alike)."""
-    applied, reducer.applied = reducer.applied, None
+def mask_applied(optimizer: torch.optim.Optimizer, compressor, layout, applied: torch.Tensor,
+                 stats) -> None:
+    """After the wrapped optimizer's step: mask the momentum at the flat coordinates
+    ``applied`` of ``layout``'s parameters, where ``compressor`` masks at this number of
+    ranks, and record how many parameters were masked in ``stats`` (the exchange's
+    :class:`~horovod_micro.stats.StepStats`, or None). Raises where masking should have
+    acted and found no momentum buffer at all (every rank holds the same optimizer state,
+    so every rank raises alike)."""
     masked = 0
-    full = reducer.compressor.momentum_masking is True
-    if (applied is not None and reducer.compressor.masks()
-            and keeps_momentum(optimizer.param_groups)
+    full = compressor.momentum_masking is True
+    if (compressor.masks() and keeps_momentum(optimizer.param_groups)
             # At a learning rate where the rule keeps every burst, nothing to do (and no
             # split of the indices by parameter, which reads the host).
             and any(kept_fraction(g, full) < 1.0 for g in optimizer.param_groups)):
-        masked = mask_momentum(optimizer, reducer.layout.params, reducer.layout.slices,
-                               applied, full=full)
+        masked = mask_momentum(optimizer, layout.params, layout.slices, applied, full=full)
         if masked == 0 and applied.numel() > 0 and not any(
-                key in optimizer.state.get(p, {}) for p in reducer.layout.params
+                key in optimizer.state.get(p, {}) for p in layout.params
                 for key in CARRIERS):
             raise RuntimeError(
-                f"horovod_micro: {reducer.compressor.name}'s momentum masking found no "
+                f"horovod_micro: {compressor.name}'s momentum masking found no "
                 f"momentum buffer in the wrapped {type(optimizer).__name__}'s state after "
                 "its step, so nothing was masked: masking acts on torch's 'momentum_buffer' "
                 "(SGD, RMSprop with momentum > 0) and 'exp_avg' (Adam, AdamW); pass "
                 "momentum_masking=False")
-    if reducer.last_stats is not None and applied is not None:
-        reducer.last_stats.momentum_masked = masked
+    if stats is not None:
+        stats.momentum_masked = masked

@@ -230,7 +230,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                               "optimizer.synchronize() in your code.", stacklevel=2)
             self.synchronize()
         self._synchronized = self._exchanged = False
-        with masking(self, self._reducer):
+        applied = self._sparse_path.take_applied() if self._sparse_path else None
+        with masking(self, self._compression, self._layout, applied, self.last_stats):
             return super(self.__class__, self).step(closure)
 
     def zero_grad(self, set_to_none: bool = True) -> None:

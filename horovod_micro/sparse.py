@@ -58,6 +58,13 @@ class SparsePath:
                 raise CollectiveInputError(f"{error} (this rank: {change})") from None
             raise
 
+    def take_applied(self):
+        """The coordinates the last exchange gave an aggregate, once (None after a skipped
+        step, or when they were taken): where the wrapped optimizer's step that follows
+        masks its momentum (:func:`~horovod_micro.momentum.masking`)."""
+        applied, self.reducer.applied = self.reducer.applied, None
+        return applied
+
     def after_load(self) -> None:
         """A checkpoint was loaded into the reducer (``load_state_dict``)."""
         self.pending = True if self.pending is True else "loaded"
