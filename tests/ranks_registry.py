@@ -39,8 +39,9 @@ def local_selection(numel):
                          ("randomk", {"density": 0.1, "seed": 3})]:
         compressor = getattr(hvm.Compression, name)(**kwargs)
         compressor.bind(numel, Comm(prefix=f"compress.{name}"))
-        indices = compressor.select(x.reshape(-1), 1).indices.long()
-        out[name] = {"indices": indices.tolist(), "threshold": compressor.threshold()}
+        selection = compressor.select(x.reshape(-1), 1)
+        threshold = None if selection.threshold is None else float(selection.threshold)
+        out[name] = {"indices": selection.indices.long().tolist(), "threshold": threshold}
     return out
 
 

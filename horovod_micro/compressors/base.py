@@ -10,16 +10,24 @@ A compressor answers three questions for the optimizer's pipeline
     combine(acc, selection,   -> Aggregate: the method's collective pattern after the index
             gathered, ...)       gather; the aggregated coordinates and which of this
                                  rank's coordinates went into them
-    observe(reduced)             what the compressor learns from the result (e.g. MiCRO's
-                                 threshold update from the global count)
+    observe(reduced)             what the compressor learns from an applied step (e.g.
+                                 MiCRO's threshold update from the global count)
 
 The protocol between them is the base class's :meth:`Compressor.exchange`, the same for
 every method: one index gather of ``[status, count, report, indices]`` per rank (the indices
 only if the method announces them), after which every rank raises the same
 :class:`~horovod_micro.status.CollectiveInputError` if any rank reported a bad input, and
 the reducer reads the NaN/Inf flags from the same gather. A method's :meth:`combine` then
-sees every rank's announced indices and header integer, never a hidden attribute left over
-from ``select``.
+sees every rank's announced indices and header integer.
+
+A step's own data travels in the data structures, never in an attribute that one stage
+leaves on the compressor for the next: what ``combine`` needs of this rank's choice is in
+the :class:`Selection` (e.g. ``threshold``), what ``observe`` needs is in the
+:class:`Aggregate` (``iteration``, ``threshold``, and ``learned``: what the method adopts
+if the step is applied). What a compressor keeps on itself is state that persists across
+steps: its controller, PowerSGD's ``Q``, buffers reused step after step, and what
+``observe`` stored. ``observe`` runs only for an applied step (the reducer skips it on a
+non-finite one), so nothing of a skipped step is adopted.
 """
 
 from __future__ import annotations
@@ -86,6 +94,9 @@ class Selection:
         reselect: with ``count``, the host rule's selection, which this rank makes
             instead when its report was ``RESELECT``
             (:mod:`~horovod_micro.compressors.micro.device_choice`).
+        threshold: the threshold this choice applied, for methods that have one (a float,
+            or a 0-dim device tensor where it was decided with no host read); ``combine``
+            passes it on in :attr:`Aggregate.threshold`.
     """
 
     indices: torch.Tensor
@@ -94,6 +105,7 @@ class Selection:
     selected: int | torch.Tensor | None = None
     count: torch.Tensor | None = None
     reselect: Callable[[], Selection] | None = None
+    threshold: float | torch.Tensor | None = None
 
     @property
     def sent(self) -> torch.Tensor:
@@ -131,21 +143,28 @@ class Aggregate:
             feedback clears exactly these in this rank's residual on a finite step
             (keeping only :meth:`Compressor.wire_error`, 0 in full precision).
         gathered: the per-rank selections and statuses from the index exchange.
-        threshold: the threshold used, for methods that have one.
+        threshold: the threshold this rank's selection used, for methods that have one
+            (:attr:`Selection.threshold`).
         kept: what this rank's residual keeps at ``contributed`` on a finite step (None:
             :meth:`Compressor.wire_error` of the values sent). A method whose share of the
             aggregate is not the value itself (PowerSGD's projection) says what it missed.
             A ``kept`` as long as the flat buffer covers every coordinate in order (then
             ``indices`` and ``contributed`` are ``arange(N)``, ``values`` the whole
             aggregate): the reducer copies it and ``values`` whole, with no index pass.
+        iteration: the step this aggregate belongs to (set by :meth:`Compressor.exchange`).
+        learned: what the method adopts in :meth:`Compressor.observe` once the step is
+            applied, its own type (PowerSGD's averaged ``Q``, the next step's warm start);
+            None: nothing. On a skipped step ``observe`` does not run and it is dropped.
     """
 
     indices: torch.Tensor
     values: torch.Tensor
     contributed: torch.Tensor
     gathered: Gathered
-    threshold: float | None = None
+    threshold: float | torch.Tensor | None = None
     kept: torch.Tensor | None = None
+    iteration: int | None = None
+    learned: Any = None
 
 
 class Compressor:
@@ -299,7 +318,9 @@ class Compressor:
                 gathered = self._gather_slots(selection, status, traffic)
                 self.regathers += 1
         gathered.raise_errors()
-        return self.combine(acc, selection, gathered, iteration, reduction, traffic)
+        reduced = self.combine(acc, selection, gathered, iteration, reduction, traffic)
+        reduced.iteration = iteration
+        return reduced
 
     def _gather_slots(self, selection: Selection, status: int | torch.Tensor,
                       traffic: Traffic) -> Gathered:
@@ -313,9 +334,11 @@ class Compressor:
         raise NotImplementedError
 
     def observe(self, reduced: Aggregate) -> None:
-        """Learn from the exchange's result (default: nothing)."""
+        """Learn from an applied step's result, from ``reduced`` alone (default:
+        nothing). Not called for a skipped (non-finite) step."""
 
     def threshold(self) -> float | None:
+        """The method's current threshold, for statistics (None: it has none)."""
         return None
 
     def rescale(self, ratio: float) -> None:

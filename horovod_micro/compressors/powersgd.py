@@ -132,7 +132,6 @@ class PowerSGDCompressor(Compressor):
         self.q: torch.Tensor | None = None  # every matrix's Q, one flat buffer
         self._uncompressed: torch.Tensor | None = None  # flat indices sent as they are
         self._all: torch.Tensor | None = None  # arange(N): the aggregate covers everything
-        self._next_q: torch.Tensor | None = None  # this step's averaged Q, kept on success
         self._out: tuple[torch.Tensor, torch.Tensor] | None = None  # see _buffers
         self._first: torch.Tensor | None = None  # the first Q, where a matrix restarts
 
@@ -302,9 +301,9 @@ class PowerSGDCompressor(Compressor):
                         alpha=-1.0, out=kept[m.start:m.end].view(m.rows, m.cols))
         values.index_copy_(0, dense, summed_p[self.p_numel:])
         kept.index_copy_(0, dense, dense_kept)
-        self._next_q = summed_q.div_(n)
+        next_q = summed_q.div_(n)  # the next warm start, adopted if the step is applied
         return Aggregate(self._all, reduction.finish_sum(values, n), self._all, counts,
-                       kept=kept)
+                         kept=kept, learned=next_q)
 
     def _buffers(self, acc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The aggregate's and the residual's N-sized buffers (2 N numbers of memory)."""
@@ -314,9 +313,9 @@ class PowerSGDCompressor(Compressor):
         return self._out
 
     def observe(self, reduced: Aggregate) -> None:
-        """A finite step: its averaged ``Q`` is the next step's warm start."""
-        if self._next_q is not None:
-            self.q, self._next_q = self._next_q, None
+        """An applied step: its averaged ``Q`` is the next step's warm start."""
+        if reduced.learned is not None:
+            self.q = reduced.learned
 
     # ----- checkpointing -------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -329,4 +328,3 @@ class PowerSGDCompressor(Compressor):
                              f"{getattr(q, 'numel', lambda: '?')()} numbers, this model's "
                              f"{self.q_numel} (another model or rank?)")
         self.q = None if q is None else q.clone()
-        self._next_q = None

@@ -102,9 +102,9 @@ class HardThresholdCompressor(Compressor):
                                     self.value_bytes())
 
     def select(self, acc: torch.Tensor, iteration: int) -> Selection:
-        return Selection(self.selector(acc, float(self.lam), 0, self.numel))
+        lam = float(self.lam)
+        return Selection(self.selector(acc, lam, 0, self.numel), threshold=lam)
 
     def combine(self, acc, selection, gathered, iteration, reduction: ReduceOp,
                 traffic: Traffic) -> Aggregate:
-        return combine_pairs(self, acc, selection, gathered, reduction, traffic,
-                             threshold=float(self.lam))
+        return combine_pairs(self, acc, selection, gathered, reduction, traffic)

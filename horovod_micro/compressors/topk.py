@@ -40,15 +40,15 @@ def topk_indices(acc: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def combine_pairs(compressor: Compressor, acc: torch.Tensor, selection: Selection,
-                  gathered: Gathered, reduction: ReduceOp, traffic: Traffic,
-                  threshold: float | None = None) -> Aggregate:
+                  gathered: Gathered, reduction: ReduceOp, traffic: Traffic) -> Aggregate:
     """Allgather every rank's values at its announced indices; sum them per coordinate.
 
     Shared by Top-k and hard-threshold: both let each rank choose its own coordinates.
     ``contributed`` is this rank's own selection (see the module docstring). Every rank
     receives the same values in the same order, so every rank's sum is bit-identical.
+    The aggregate carries the selection's threshold (hard-threshold's; None for Top-k).
     """
-    comm = compressor.comm
+    comm, threshold = compressor.comm, selection.threshold
     own = selection.indices.long()
     all_indices = torch.cat(gathered.per_rank).long()
     if all_indices.numel() == 0:  # nobody selected anything: every rank knows, skip values

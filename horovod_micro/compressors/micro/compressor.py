@@ -183,7 +183,8 @@ class MicroCompressor(Compressor):
         self.bounds: list[tuple[int, int]] = []
         self.selector = ThresholdSelector()
         self.rms_scale = 1.0
-        self._threshold: float | None = None
+        # The threshold of the last applied step (stored by observe), for threshold().
+        self.last_threshold: float | torch.Tensor | None = None
 
     def config(self) -> dict:
         config = {**super().config(), "initial_threshold": self.initial_threshold}
@@ -281,16 +282,17 @@ class MicroCompressor(Compressor):
         return [end - start for start, end in self.bounds]
 
     def threshold(self) -> float:
-        """The threshold of this rank's last selection (before the first: the shared one,
-        or for the scale-free controllers None); on a GPU, a host read."""
-        if self._threshold is None:
+        """The threshold of this rank's selection in the last applied step (before the
+        first: the shared one, or for the scale-free controllers None); on a GPU, a host
+        read."""
+        if self.last_threshold is None:
             return getattr(self.controller, "threshold", None)
-        return float(self._threshold)
+        return float(self.last_threshold)
 
     def rescale(self, ratio: float) -> None:
         self.controller.rescale(ratio)
-        if self._threshold is not None:
-            self._threshold *= ratio
+        if self.last_threshold is not None:  # not in place: a step's statistic holds it
+            self.last_threshold = self.last_threshold * ratio
 
     def prepare(self, sq_norm: float | torch.Tensor) -> None:
         """Keep the RMS of this rank's ``a_t``, the scale-free controllers' scale."""
@@ -303,15 +305,13 @@ class MicroCompressor(Compressor):
             now = iteration + 1
             last = self.ages.at(acc.device, now)
             self.selector.bind(acc[start:end], last[start:end], now, self.ages.wait(now))
-        self._iteration = iteration
         choice = device_choice(self.controller, acc, start, end, part, self.selector,
                                self.rms_scale, self.slots)
         if choice is None:
             return self._select_on_host(acc, start, end, part, iteration)
-        self._threshold = choice.threshold
         return Selection(choice.slots, report=choice.report, selected=choice.count,
                          count=choice.count, reselect=lambda: self._select_on_host(
-                             acc, start, end, part, iteration))
+                             acc, start, end, part, iteration), threshold=choice.threshold)
 
     def _select_on_host(self, acc: torch.Tensor, start: int, end: int, part: int,
                         iteration: int) -> Selection:
@@ -321,14 +321,14 @@ class MicroCompressor(Compressor):
             # Density 1 with a shared threshold: the whole part goes, as a dense exchange
             # would send it (the per-part controllers do the same themselves).
             indices = torch.arange(start, end, device=acc.device).to(index_dtype(self.numel))
-            self._threshold, report = 0.0, 0
+            threshold, report = 0.0, 0
         else:
-            indices, self._threshold, report = self.controller.select(
+            indices, threshold, report = self.controller.select(
                 acc, start, end, part, self.selector, self.rms_scale)
         selected = indices.numel()
         if self.slots is not None and selected > self.slots:
             indices = cut_to_slots(acc, indices, self.slots, self.ages, iteration + 1)
-        return Selection(indices, report=report, selected=selected)
+        return Selection(indices, report=report, selected=selected, threshold=threshold)
 
     def combine(self, acc, selection, gathered, iteration, reduction: ReduceOp,
                 traffic: Traffic) -> Aggregate:
@@ -346,15 +346,15 @@ class MicroCompressor(Compressor):
             values = self.wire(acc.index_select(0, union))
             values = allreduce_values(self.comm, values, traffic, reduction.op,
                                       reduction.prescale, reduction.postscale)
-        return Aggregate(union, values.to(acc.dtype), union, gathered, self._threshold)
+        return Aggregate(union, values.to(acc.dtype), union, gathered, selection.threshold)
 
     def observe(self, reduced: Aggregate) -> None:
+        t, n, gathered = reduced.iteration, self.comm.size, reduced.gathered
         if self.ages is not None:  # the applied coordinates start accumulating afresh
-            self.ages.restart(reduced.indices.long(), self._iteration + 1)
-        n = self.comm.size
-        gathered = reduced.gathered
+            self.ages.restart(reduced.indices.long(), t + 1)
         self.controller.observe(list(gathered.counts), list(gathered.reports),
-                                [owned_part(r, self._iteration, n) for r in range(n)])
+                                [owned_part(r, t, n) for r in range(n)])
+        self.last_threshold = reduced.threshold
         self._cuts.observe(gathered, self.comm.rank == 0, self.slots)
 
     def state_dict(self) -> dict:
