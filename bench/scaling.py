@@ -349,7 +349,7 @@ def train(method: str, *, n: int, density: float, epochs: float, seed: int = 1,
             "bytes_per_step": sum(sent) / len(sent), "diagnosis": diagnosis.rows,
             "cut_steps": cuts[0],
             # Steps the device-side choice left to the host rule (HOROVOD_MICRO_SELECT=torch)
-            "regathered_steps": compressors[0].regathers if compressors else 0,
+            "regathered_steps": getattr(compressors[0], "regathers", 0) if compressors else 0,
             "seconds": time.perf_counter() - start,
             "weights": torch.cat([p.detach().reshape(-1) for p in layout.params])}
 

@@ -37,11 +37,6 @@ each rank's block changes shape every step; one fixed shape would cost ``k`` slo
 rank (``n`` times the index bytes) or an allreduce of the leader's indices (twice them), so
 it keeps exact sizes too.
 
-Where host reads wait for a device, MiCRO decides its selection there and writes the
-block's count and report on the device too; a rank whose choice needs the host's rule after
-all reports :data:`RESELECT`, and after the gather that rank selects again and every rank
-gathers once more (the same shape and name).
-
 Bytes are accounted with the ring model of :mod:`horovod_micro.stats`.
 """
 
@@ -290,11 +285,6 @@ class SelectedCounts(Gathered):
         return list(self.selected)
 
 
-#: The report of a rank whose selection, decided on the device with no host read, needs
-#: the host's rule after all (:mod:`horovod_micro.compressors.micro.device_choice`): every
-#: rank sees it in the gathered headers, that rank selects again, and every rank gathers
-#: again (:meth:`~horovod_micro.compressors.base.Compressor.exchange`).
-RESELECT = -(1 << 30)
 #: Integers ahead of the index slots in a fixed-capacity block:
 #: ``status, count (slots in use), report, selected (the count before the capacity cut)``.
 FIXED_HEADER = 4

@@ -1,4 +1,5 @@
-"""Local selection primitives shared by the compressors.
+"""Local selection primitives shared by the compressors, and :class:`Selection`, what a
+compressor's ``select`` returns: this rank's choice for one step.
 
 :class:`ThresholdSelector` is the threshold methods' selection (MiCRO's and the hard
 threshold's; MiCRO's drift judge builds on it): the indices of ``|x| >= threshold`` in one
@@ -18,6 +19,8 @@ from __future__ import annotations
 
 import ctypes
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -103,6 +106,46 @@ def counts_abs_ge_many(x: torch.Tensor, thresholds: list[float] | torch.Tensor,
     counts = [(a >= levels[i : i + rows].unsqueeze(1)).sum(1)
               for i in range(0, len(thresholds), rows)]
     return torch.cat(counts).tolist()
+
+
+@dataclass
+class Selection:
+    """This rank's choice for one step, as a compressor's ``select`` returns it.
+
+    Attributes:
+        indices: the coordinates this rank chose (int32 or int64, a tensor of its own).
+        announced: whether they travel in the index gather. False for methods whose
+            coordinates every rank knows already (Random-k's shared seed) or that travel
+            another way (gTop-k's tree): only the header goes out.
+        report: what this rank reports about its selection to every rank, one integer in
+            the gather's header, for the method's own use: MiCRO's count above its probe
+            threshold (its controller's update), Random-k's checksum of the coordinates it
+            drew (every rank must have drawn the same).
+        selected: how many coordinates the threshold picked before a capacity cut kept
+            ``indices`` (None: no cut, ``len(indices)``).
+        count: for a choice made on the device with no host read (fixed slots only):
+            how many of ``indices``, which fill every slot, are in use, a 0-dim device
+            tensor (``report`` and ``selected`` then are too). None: all of them.
+        reselect: with ``count``, the host rule's selection, which this rank makes
+            instead where its device-side choice could not decide (MiCRO's
+            :data:`~horovod_micro.compressors.micro.device_choice.RESELECT`).
+        threshold: the threshold this choice applied, for methods that have one (a float,
+            or a 0-dim device tensor where it was decided with no host read); ``combine``
+            passes it on in the ``Aggregate``.
+    """
+
+    indices: torch.Tensor
+    announced: bool = True
+    report: int | torch.Tensor = 0
+    selected: int | torch.Tensor | None = None
+    count: torch.Tensor | None = None
+    reselect: Callable[[], Selection] | None = None
+    threshold: float | torch.Tensor | None = None
+
+    @property
+    def sent(self) -> torch.Tensor:
+        """What travels in the index gather: ``indices``, or none if not announced."""
+        return self.indices if self.announced else self.indices[:0]
 
 
 class ThresholdSelector:

@@ -11,10 +11,9 @@ import torch
 from simulation import BoundedRule
 
 from horovod_micro.compressors.micro.compressor import rms
-from horovod_micro.compressors.micro.device_choice import LEVELS, choose_in_slots
+from horovod_micro.compressors.micro.device_choice import LEVELS, RESELECT, choose_in_slots
 from horovod_micro.compressors.micro.drift import drift_scores
 from horovod_micro.compressors.micro.part_controller import PartController
-from horovod_micro.exchange import RESELECT
 from horovod_micro.selection import ThresholdSelector
 
 NUMEL, DENSITY, OFFSET = 4000, 0.02, 7

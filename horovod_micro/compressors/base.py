@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,8 +41,8 @@ import horovod.torch as hvd
 import numpy as np
 import torch
 
-from ..exchange import RESELECT, Comm, Gathered, Traffic, gather_indices, gather_slots
-from ..selection import index_bytes
+from ..exchange import Comm, Gathered, Traffic, gather_indices, gather_slots
+from ..selection import Selection, index_bytes
 from ..stats import ring_allgather_bytes
 
 
@@ -71,46 +70,6 @@ def as_float(value):
     if isinstance(value, numbers.Real) and not isinstance(value, bool):
         return float(value)
     return value
-
-
-@dataclass
-class Selection:
-    """This rank's choice for one step, as :meth:`Compressor.select` returns it.
-
-    Attributes:
-        indices: the coordinates this rank chose (int32 or int64, a tensor of its own).
-        announced: whether they travel in the index gather. False for methods whose
-            coordinates every rank knows already (Random-k's shared seed) or that travel
-            another way (gTop-k's tree): only the header goes out.
-        report: what this rank reports about its selection to every rank, one integer in
-            the gather's header, for the method's own use: MiCRO's count above its probe
-            threshold (its controller's update), Random-k's checksum of the coordinates it
-            drew (every rank must have drawn the same).
-        selected: how many coordinates the threshold picked before a capacity cut kept
-            ``indices`` (None: no cut, ``len(indices)``).
-        count: for a choice made on the device with no host read (fixed slots only):
-            how many of ``indices``, which fill every slot, are in use, a 0-dim device
-            tensor (``report`` and ``selected`` then are too). None: all of them.
-        reselect: with ``count``, the host rule's selection, which this rank makes
-            instead when its report was ``RESELECT``
-            (:mod:`~horovod_micro.compressors.micro.device_choice`).
-        threshold: the threshold this choice applied, for methods that have one (a float,
-            or a 0-dim device tensor where it was decided with no host read); ``combine``
-            passes it on in :attr:`Aggregate.threshold`.
-    """
-
-    indices: torch.Tensor
-    announced: bool = True
-    report: int | torch.Tensor = 0
-    selected: int | torch.Tensor | None = None
-    count: torch.Tensor | None = None
-    reselect: Callable[[], Selection] | None = None
-    threshold: float | torch.Tensor | None = None
-
-    @property
-    def sent(self) -> torch.Tensor:
-        """What travels in the index gather: ``indices``, or none if not announced."""
-        return self.indices if self.announced else self.indices[:0]
 
 
 @dataclass(frozen=True)
@@ -204,9 +163,6 @@ class Compressor:
         self.fp16_values = as_bool(fp16_values)
         self.momentum_masking = as_bool(momentum_masking)
         self.numel = 0
-        # Steps whose index gather ran twice: some rank's device-side choice needed the
-        # host rule (Selection.reselect). A statistic, the same on every rank.
-        self.regathers = 0
         self.comm: Comm | None = None
 
     # ----- configuration -------------------------------------------------------------
@@ -305,28 +261,23 @@ class Compressor:
         with ``status`` (in :attr:`slots` of one fixed shape where the method sets them,
         :func:`~horovod_micro.exchange.gather_slots`), the collective error check, then
         :meth:`combine`."""
-        if self.slots is None:
-            gathered = gather_indices(self.comm, selection.sent, status, traffic,
-                                      report=selection.report)
-        else:
-            gathered = self._gather_slots(selection, status, traffic)
-            if RESELECT in gathered.reports:
-                # A rank's device-side choice needs the host rule: that rank selects again
-                # and every rank gathers again (the same shape and name: no negotiation).
-                if gathered.reports[self.comm.rank] == RESELECT:
-                    selection = selection.reselect()
-                gathered = self._gather_slots(selection, status, traffic)
-                self.regathers += 1
+        selection, gathered = self.gather(selection, status, traffic)
         gathered.raise_errors()
         reduced = self.combine(acc, selection, gathered, iteration, reduction, traffic)
         reduced.iteration = iteration
         return reduced
 
-    def _gather_slots(self, selection: Selection, status: int | torch.Tensor,
-                      traffic: Traffic) -> Gathered:
-        return gather_slots(self.comm, selection.sent, self.slots, status, traffic,
-                            report=selection.report, selected=selection.selected,
-                            count=selection.count)
+    def gather(self, selection: Selection, status: int | torch.Tensor,
+               traffic: Traffic) -> tuple[Selection, Gathered]:
+        """The index gather: every rank's header and announced indices, in exact sizes or
+        in :attr:`slots`. Returns the selection that travelled (a method may replace it
+        after seeing the headers, as MiCRO's device-side choice does) and the gather."""
+        if self.slots is None:
+            return selection, gather_indices(self.comm, selection.sent, status, traffic,
+                                             report=selection.report)
+        return selection, gather_slots(self.comm, selection.sent, self.slots, status,
+                                       traffic, report=selection.report,
+                                       selected=selection.selected, count=selection.count)
 
     def combine(self, acc: torch.Tensor, selection: Selection, gathered: Gathered,
                 iteration: int, reduction: ReduceOp, traffic: Traffic) -> Aggregate:

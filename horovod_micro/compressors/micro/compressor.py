@@ -37,7 +37,7 @@ from collections.abc import Callable
 
 import torch
 
-from ...exchange import SlotsGathered, Traffic, allreduce_values
+from ...exchange import Gathered, SlotsGathered, Traffic, allreduce_values
 from ...selection import ThresholdSelector, index_bytes, index_dtype
 from ...stats import ring_allgather_bytes, ring_allreduce_bytes
 from ..base import Aggregate, Compressor, ReduceOp, Selection, as_float, as_int
@@ -45,7 +45,7 @@ from ..registry import register
 from .capacity import CutWatch
 from .controller import ThresholdController
 from .density_controller import DensityController, PaperController
-from .device_choice import device_choice
+from .device_choice import device_choice, regather_if_asked
 from .drift import DriftAges, DriftSelector
 from .part_controller import PartController
 from .partition import owned_part, part_bounds
@@ -119,6 +119,29 @@ def cut_to_slots(acc: torch.Tensor, indices: torch.Tensor, slots: int,
     return indices.index_select(0, keep.sort().values)
 
 
+def settings_error(t, name: str, judge: str, error_feedback: bool, c) -> str | None:
+    """What is wrong with MiCRO's own settings (``initial_threshold``, ``controller``,
+    ``judge`` and ``capacity``), or None."""
+    if name not in CONTROLLERS:
+        return (f"micro: unknown controller {name!r}; choose one of "
+                f"{', '.join(repr(c) for c in CONTROLLERS)}")
+    error = judge_error(judge, name, error_feedback)
+    if error:
+        return error
+    if not (c is None or c == "exact"
+            or (isinstance(c, int) and not isinstance(c, bool) and c >= 1)):
+        return (f"micro: capacity must be a positive integer (index slots per rank), "
+                f"'exact' or None (the controller's default), got {c!r}")
+    if t is not None and (isinstance(t, bool) or not isinstance(t, int | float)
+                          or not math.isfinite(t) or t <= 0):
+        return f"micro: initial_threshold must be a positive finite number, got {t!r}"
+    if t is not None and name in ("bounded", "scale"):
+        return (f"micro: initial_threshold sets the shared threshold of controller="
+                f"'newton' or 'paper'; controller={name!r} scales its threshold with "
+                "each step's gradient (docs/design.md, the density controllers)")
+    return None
+
+
 @register
 class MicroCompressor(Compressor):
     """MiCRO sparsification (see the module docstring).
@@ -185,6 +208,9 @@ class MicroCompressor(Compressor):
         self.rms_scale = 1.0
         # The threshold of the last applied step (stored by observe), for threshold().
         self.last_threshold: float | torch.Tensor | None = None
+        # Steps whose index gather ran twice: some rank's device-side choice needed the
+        # host rule (device_choice.RESELECT). A statistic, the same on every rank.
+        self.regathers = 0
 
     def config(self) -> dict:
         config = {**super().config(), "initial_threshold": self.initial_threshold}
@@ -199,26 +225,9 @@ class MicroCompressor(Compressor):
         return config
 
     def config_error(self) -> str | None:
-        t, name = self.initial_threshold, self.controller_name
-        if name not in CONTROLLERS:
-            return (f"micro: unknown controller {name!r}; choose one of "
-                    f"{', '.join(repr(c) for c in CONTROLLERS)}")
-        error = judge_error(self.judge, name, self.error_feedback)
-        if error:
-            return error
-        c = self.capacity
-        if not (c is None or c == "exact"
-                or (isinstance(c, int) and not isinstance(c, bool) and c >= 1)):
-            return (f"micro: capacity must be a positive integer (index slots per rank), "
-                    f"'exact' or None (the controller's default), got {c!r}")
-        if t is not None and (isinstance(t, bool) or not isinstance(t, int | float)
-                              or not math.isfinite(t) or t <= 0):
-            return f"micro: initial_threshold must be a positive finite number, got {t!r}"
-        if t is not None and name in ("bounded", "scale"):
-            return (f"micro: initial_threshold sets the shared threshold of controller="
-                    f"'newton' or 'paper'; controller={name!r} scales its threshold with "
-                    "each step's gradient (docs/design.md, the density controllers)")
-        return super().config_error()
+        return (settings_error(self.initial_threshold, self.controller_name, self.judge,
+                               self.error_feedback, self.capacity)
+                or super().config_error())
 
     def bind(self, numel, comm) -> None:
         super().bind(numel, comm)
@@ -329,6 +338,18 @@ class MicroCompressor(Compressor):
         if self.slots is not None and selected > self.slots:
             indices = cut_to_slots(acc, indices, self.slots, self.ages, iteration + 1)
         return Selection(indices, report=report, selected=selected, threshold=threshold)
+
+    def gather(self, selection: Selection, status, traffic: Traffic
+               ) -> tuple[Selection, Gathered]:
+        """The index gather, once more where a rank's device-side choice needs the host
+        rule (:func:`~.device_choice.regather_if_asked`)."""
+        selection, gathered = super().gather(selection, status, traffic)
+        if self.slots is not None:
+            selection, gathered, again = regather_if_asked(
+                lambda chosen: super(MicroCompressor, self).gather(chosen, status, traffic)[1],
+                self.comm.rank, selection, gathered)
+            self.regathers += again
+        return selection, gathered
 
     def combine(self, acc, selection, gathered, iteration, reduction: ReduceOp,
                 traffic: Traffic) -> Aggregate:

@@ -20,11 +20,11 @@ writes the result straight into the exchange's fixed slots:
 
 What the device cannot decide, it leaves to the host rule: an upward crossing beyond
 ``LEVELS`` steps, more scores at the cut than the buffer holds, more picks than the slots
-hold (the overflow rule's cut), an all-zero ``a_t``. The report is then
-:data:`~horovod_micro.exchange.RESELECT`: after the index gather every rank sees it, the
-ranks that sent it select again by the host rule (with its reads) and every rank gathers
-once more (:meth:`~..base.Compressor.exchange`). So the result is the host rule's in every
-case; only such a step pays a second gather.
+hold (the overflow rule's cut), an all-zero ``a_t``. The report is then :data:`RESELECT`:
+after the index gather every rank sees it, the ranks that sent it select again by the host
+rule (with its reads) and every rank gathers once more, in the same shape and under the
+same name, so with no new negotiation (:func:`regather_if_asked`, MiCRO's index gather).
+So the result is the host rule's in every case; only such a step pays a second gather.
 """
 
 from __future__ import annotations
@@ -34,10 +34,14 @@ from dataclasses import dataclass
 
 import torch
 
-from ...exchange import RESELECT
-from ...selection import ThresholdSelector, index_dtype, reads_wait
+from ...exchange import Gathered
+from ...selection import Selection, ThresholdSelector, index_dtype, reads_wait
 from .controller import ThresholdController
 from .part_controller import LADDER, PartController
+
+#: The report of a rank whose device-side choice needs the host's rule after all: every rank
+#: sees it in the gathered headers, that rank selects again, and every rank gathers again.
+RESELECT = -(1 << 30)
 
 #: Ladder steps either side of the base threshold that the device counts at: the host
 #: rule's reach downward (``max_down``); upward, a crossing beyond it (a base threshold
@@ -155,3 +159,16 @@ def choose_in_slots(scores: torch.Tensor, th0: torch.Tensor, capacity: int,
     report = torch.where(reselect, RESELECT, steps.index_select(0, at).view(()))
     return SlotChoice(indices.to(index_dtype(numel)), count, report,
                       torch.where(cliff, cut.double(), level))
+
+
+def regather_if_asked(gather, rank: int, selection: Selection, gathered: Gathered
+                      ) -> tuple[Selection, Gathered, bool]:
+    """After an index gather in slots: where some rank reported :data:`RESELECT`, that rank
+    (``rank`` among them) takes its host-rule selection (:attr:`Selection.reselect`) and
+    every rank gathers again with ``gather(selection)``. Returns the selection that
+    travelled, the gather, and whether it ran twice."""
+    if RESELECT not in gathered.reports:
+        return selection, gathered, False
+    if gathered.reports[rank] == RESELECT:
+        selection = selection.reselect()
+    return selection, gather(selection), True
