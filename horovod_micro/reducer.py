@@ -37,7 +37,7 @@ import torch
 from .compressors.base import Aggregate, Compressor, ReduceOp, Selection
 from .exchange import Comm, Traffic
 from .layout import FlatLayout, FrozenSlices
-from .reducer_state import ReducerCheckpoint
+from .reducer_checkpoint import ReducerCheckpoint
 from .residual_views import ResidualViews
 from .selection import reads_wait
 from .stats import PhaseClock, StepStats, phase_sync
