@@ -1,0 +1,96 @@
+"""The accuracy figures labelled as the shipped defaults are those of recorded runs that used
+the shipped defaults.
+
+The README's results table, the docs' "Accuracy from 2 to 64 ranks" table and
+BENCHMARKS.md's scaling table each show dense and MiCRO's defaults at n = 2-16; every one
+of those cells must be the figure of the matching run in
+``bench/results/scaling-defaults.json`` (seed 1, ``fmnist_mlp`` with Nesterov SGD,
+d = 0.01, 3 epochs), where MiCRO ran as ``Compression.micro(density=0.01)`` with nothing
+else set, and dense in the same run. A figure re-typed by hand, taken from another run
+or with other settings fails here.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from bench.common import parse_method
+
+ROOT = Path(__file__).resolve().parent.parent
+RUNS = json.loads((ROOT / "bench" / "results" / "scaling-defaults.json").read_text())["runs"]
+GRID = (2, 4, 8, 16)
+
+
+def recorded(method: str, n: int) -> dict:
+    """The one seed-1 run of ``method`` at ``n`` in the recipe the tables state."""
+    found = [r for r in RUNS if r["method"] == method and r["n"] == n and r["seed"] == 1
+             and r.get("model", "fmnist_mlp") == "fmnist_mlp"
+             and r.get("optimizer", "nesterov") == "nesterov"]
+    assert len(found) == 1, (method, n, len(found))
+    run = found[0]
+    assert run["density"] == 0.01 and run["epochs"] == 3, run
+    return run
+
+
+def percent(run: dict) -> str:
+    return f"{100 * run['final_accuracy']:.2f}"
+
+
+def kilobytes(run: dict) -> str:
+    return f"{run['bytes_per_step'] / 1000:,.0f}"
+
+
+def table(text: str, header: str) -> str:
+    """The table whose header row starts with ``header``, up to the blank line after it."""
+    start = text.index(header)
+    end = text.find("\n\n", start)
+    return text[start:] if end < 0 else text[start:end]
+
+
+def row(text: str, label: str) -> list[str]:
+    """The cells of the table row that starts with ``| label |``."""
+    lines = [line for line in text.splitlines() if line.startswith(f"| {label} |")]
+    assert len(lines) == 1, (label, lines)
+    return [cell.strip() for cell in lines[0].strip("|").split("|")][1:]
+
+
+def number(cell: str) -> str:
+    """The first number in a cell, without its decoration (bold, %, KB)."""
+    return re.search(r"[\d,]+(?:\.\d+)?", cell).group(0)
+
+
+def test_the_micro_runs_are_the_shipped_defaults():
+    for n in GRID:
+        assert parse_method(recorded("micro", n)["method"]) == ("micro", {})
+        assert parse_method(recorded("dense", n)["method"]) == ("dense", {})
+
+
+@pytest.mark.parametrize("label, method", [("dense allreduce", "dense"),
+                                           ("MiCRO (defaults)", "micro")])
+def test_readme_results_table(label, method):
+    cells = row(table((ROOT / "README.md").read_text(), "| method | n = 2 |"), label)
+    assert [number(c) for c in cells[:4]] == [percent(recorded(method, n)) for n in GRID]
+    assert number(cells[4]) == kilobytes(recorded(method, 8))
+
+
+def test_docs_accuracy_table():
+    text = table((ROOT / "docs" / "benchmarks.md").read_text(), "| n (recipe) | dense |")
+    for n in GRID:
+        cells = row(text, str(n))
+        assert number(cells[0]) == percent(recorded("dense", n)), n
+        assert number(cells[1]) == percent(recorded("micro", n)), n
+
+
+@pytest.mark.parametrize("label, method", [("dense", "dense"),
+                                           ("**micro (default; slots)**", "micro")])
+def test_benchmarks_scaling_table(label, method):
+    text = table((ROOT / "BENCHMARKS.md").read_text(),
+                 "| final test accuracy (bytes per rank per step) |")
+    cells = row(text, label)
+    for n, cell in zip(GRID, cells):
+        accuracy, size = re.findall(r"[\d,]+(?:\.\d+)?", cell)[:2]
+        assert (accuracy, size) == (percent(recorded(method, n)), kilobytes(recorded(method, n)))
