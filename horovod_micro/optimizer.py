@@ -179,7 +179,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             # as Horovod's do: an allreduce of equal averages changes nothing).
             return
         try:
-            change = self._parameter_change() if self._included else None
+            change = parameter_changes(  # since wrapping time (.consistency)
+                self.param_groups, self._wrapped_ids, self._layout.params,
+                self._parameter_names) if self._included else None
             if self._sparse_path is not None:
                 self._sparse_path.synchronize(change, self.grad_scaler)
             elif change:  # dense: Horovod's collectives carry no status; every rank that
@@ -200,11 +202,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if self._dense is not None:
             self._dense.handles.clear()
         self._backward.reset()
-
-    def _parameter_change(self) -> str | None:
-        """How ``param_groups`` differ from wrapping time (:mod:`.consistency`)."""
-        return parameter_changes(self.param_groups, self._wrapped_ids, self._layout.params,
-                                 self._parameter_names)
 
     def _record(self, stats: StepStats) -> None:
         self.last_stats = stats
@@ -285,7 +282,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def elastic_snapshot(self) -> dict:
         """For ``TorchState``'s commit: :meth:`~.elastic.ElasticBinding.snapshot`."""
-        return self._binding.snapshot(super(self.__class__, self).state_dict(), self._reducer)
+        wrapped = super(self.__class__, self).state_dict()
+        if self._binding is None:  # a rank outside the process set: its own state only
+            return {"optimizer": copy.deepcopy(wrapped)}
+        return self._binding.snapshot(wrapped, self._reducer)
 
     def elastic_restore(self, snapshot: dict) -> None:
         """Back to a snapshot of this process (after a collective failed: Horovod restores
@@ -295,7 +295,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._load_wrapped_state(copy.deepcopy(snapshot["optimizer"]))
         for p in self._layout.params:
             p.grad = None
-        self._binding.restore(snapshot, self._reducer)
+        if self._binding is not None:
+            self._binding.restore(snapshot, self._reducer)
 
 
 def DistributedOptimizer(  # noqa: N802  (Horovod's name)

@@ -287,6 +287,10 @@ def process_set_member_and_outsider(sparse):
     # the test through "moved"; the exchange count through last_stats.
     result = {"moved": bool((after != before).any()),
               "exchanges": None if opt.last_stats is None else opt.last_stats.iteration + 1}
+    # Elastic Horovod's commit and restore work on every rank, member or not.
+    snapshot = opt.elastic_snapshot()
+    result["snapshot"] = sorted(snapshot)
+    opt.elastic_restore(snapshot)
     hvd.barrier()
     hvd.remove_process_set(only_zero)
     return result

@@ -72,9 +72,10 @@ def test_rank_outside_the_process_set_steps_locally(backend, sparse):
     results = run_ranks("ranks_optimizer:process_set_member_and_outsider", np=3,
                         backend=backend, kwargs={"sparse": sparse},
                         env={"HOROVOD_DYNAMIC_PROCESS_SETS": "1"}, timeout=180)
-    assert results[0].value == {"moved": True, "exchanges": 3}
+    member = ["optimizer", "sparse"] if sparse else ["optimizer"]
+    assert results[0].value == {"moved": True, "exchanges": 3, "snapshot": member}
     for r in results[1:]:
-        assert r.value == {"moved": True, "exchanges": None}
+        assert r.value == {"moved": True, "exchanges": None, "snapshot": ["optimizer"]}
 
 
 @pytest.mark.parametrize("np_", [2, 3])
