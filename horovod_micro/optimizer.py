@@ -353,8 +353,9 @@ def DistributedOptimizer(  # noqa: N802  (Horovod's name)
     * With a sparse compressor the exchange runs even on a single rank, so single- and
       multi-rank runs follow the same algorithm.
     * Sparse exchanges have a deadline (:mod:`horovod_micro.deadline`), refuse weights
-      that differ across ranks at the first exchange (``_check_same_parameters``), and
-      skip a second ``synchronize()`` whose aggregate is still in ``.grad``.
+      that differ across ranks at the first exchange
+      (:meth:`~.sparse.SparsePath.check_same_parameters`), and skip a second
+      ``synchronize()`` whose aggregate is still in ``.grad``.
 
     Example::
 
