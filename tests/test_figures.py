@@ -95,3 +95,20 @@ def test_benchmarks_scaling_table(label, method):
     for n, cell in zip(GRID, cells):
         accuracy, size = re.findall(r"[\d,]+(?:\.\d+)?", cell)[:2]
         assert (accuracy, size) == (percent(recorded(method, n)), kilobytes(recorded(method, n)))
+
+
+def test_readme_headline_is_the_defaults_real_rank_run():
+    """The README's first figures: 8 real ranks, MiCRO's defaults (``micro``, nothing else
+    set) and dense (``none``) in one run, 2 seeds; the bytes are the busiest rank's."""
+    runs = json.loads((ROOT / "bench" / "results" / "scaling-defaults.json").read_text())[
+        "real_ranks_n8"]
+    by = {(r["method"], r["seed"]): r for r in runs if r["ranks"] == 8 and r["epochs"] == 3}
+    text = " ".join((ROOT / "README.md").read_text().split())
+    micro = [f"{100 * by[('micro', s)]['final_accuracy']:.2f} %" for s in (1, 2)]
+    dense = [f"{100 * by[('none', s)]['final_accuracy']:.2f} %" for s in (1, 2)]
+    assert f"**{micro[0]} and {micro[1]}** test accuracy with MiCRO's defaults" in text
+    assert f"against {dense[0]} and {dense[1]} with Horovod's dense allreduce" in text
+    assert f"**{by[('micro', 1)]['bytes_per_iteration'] / 1000:.0f} KB per step" in text
+    cells = row(table((ROOT / "BENCHMARKS.md").read_text(), "| method | 8 ranks"),
+                "**micro (defaults)**, with dense " + ", ".join(dense) + " in the same run")
+    assert cells[0] == f"**{micro[0]}, {micro[1]}**"
