@@ -4,6 +4,7 @@ optimizer on real ranks, the train CLI's parser and the job matrix's dry run, an
 built-in method has an independent simulation in the tests."""
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -125,3 +126,35 @@ print(sorted(set(seen)))
         proc = _python(["-c", code], plugin=True)
         assert proc.returncode == 0, proc.stderr
         assert proc.stdout.strip() == str([tuple(sorted({*registry.names(), "cyclicblock"}))])
+
+
+def test_a_builtin_method_is_one_library_file_plus_its_simulation(tmp_path):
+    """The fixture method dropped into a copy of the package as one more module of
+    ``horovod_micro/compressors`` (no plugin variable, no other file touched) is
+    discovered as a built-in and runs through the optimizer on real ranks, equal to its
+    simulation (:func:`simulate_cyclic_block`)."""
+    package = tmp_path / "horovod_micro"
+    shutil.copytree(REPO / "horovod_micro", package,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "tests" / "plugin_compressor.py",
+                package / "compressors" / "cyclicblock.py")
+    path = os.pathsep.join([str(tmp_path), str(REPO / "tests"), str(REPO)])
+    names = subprocess.run(
+        [sys.executable, "-c", "import horovod_micro as hvm; "
+         "from horovod_micro.compressors import registry; "
+         "print(hvm.__file__, ' '.join(registry.names()))"],
+        cwd=tmp_path, env={**{k: v for k, v in os.environ.items()
+                              if k != "HOROVOD_MICRO_PLUGINS"}, "PYTHONPATH": path},
+        capture_output=True, text=True, timeout=120)
+    assert names.returncode == 0, names.stderr
+    where, *methods = names.stdout.split()
+    assert where.startswith(str(tmp_path)) and "cyclicblock" in methods
+
+    numel, steps, density = 300, 4, 0.1
+    results = run_ranks("ranks_registry:plugin_steps", np=2, env={"PYTHONPATH": path},
+                        kwargs={"numel": numel, "steps": steps, "density": density})
+    expected = simulate_cyclic_block(2, numel, steps, density)
+    for r in results:
+        assert r.value["method"] == "cyclicblock"
+        for got, want in zip(r.value["grads"], expected):
+            torch.testing.assert_close(torch.tensor(got), want)

@@ -192,3 +192,54 @@ def test_the_front_pages_and_the_results_stay_readable():
     assert len((ROOT / "BENCHMARKS.md").read_text().splitlines()) <= 400
     results = [p for p in (ROOT / "bench" / "results").rglob("*") if p.is_file()]
     assert len(results) <= 25, sorted(p.name for p in results)
+
+
+def _self_stores_and_private_defs(tree: ast.AST) -> set[str]:
+    """Private names a module defines on its objects: ``self._x = ...`` and methods
+    ``def _x`` of its classes."""
+    names = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)
+             and isinstance(n.value, ast.Name) and n.value.id == "self"
+             and isinstance(n.ctx, ast.Store) and n.attr.startswith("_")
+             and not n.attr.startswith("__")}
+    for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+        names |= {f.name for f in cls.body
+                  if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)
+                  and f.name.startswith("_") and not f.name.startswith("__")}
+    return names
+
+
+def test_no_private_name_of_the_optimizer_crosses_modules():
+    """A private attribute or method of the optimizer (set or defined in ``optimizer.py``)
+    is used in ``optimizer.py`` alone: its parts are objects with public interfaces, not
+    methods merged into its class that share its private fields."""
+    library = ROOT / "horovod_micro"
+    own = _self_stores_and_private_defs(ast.parse((library / "optimizer.py").read_text()))
+    offenders = []
+    for path in sorted(library.rglob("*.py")):
+        if path.name == "optimizer.py":
+            continue
+        tree = ast.parse(path.read_text())
+        theirs = _self_stores_and_private_defs(tree)
+        offenders += [f"{path.relative_to(ROOT)}:{n.lineno} .{n.attr}" for n in ast.walk(tree)
+                      if isinstance(n, ast.Attribute) and n.attr in own - theirs]
+    assert own and not offenders, offenders
+
+
+def test_select_leaves_nothing_for_combine_or_observe():
+    """No compressor sets an attribute of its own in ``select`` that its ``combine`` or
+    ``observe`` reads: a step's data travels in the ``Selection`` and the ``Aggregate``."""
+    offenders = []
+    for path in sorted((ROOT / "horovod_micro" / "compressors").rglob("*.py")):
+        for cls in (n for n in ast.walk(ast.parse(path.read_text()))
+                    if isinstance(n, ast.ClassDef)):
+            methods = {f.name: f for f in cls.body if isinstance(f, ast.FunctionDef)}
+
+            def self_attrs(name, ctx, methods=methods):
+                return {n.attr for n in ast.walk(methods[name]) if isinstance(n, ast.Attribute)
+                        and isinstance(n.value, ast.Name) and n.value.id == "self"
+                        and isinstance(n.ctx, ctx)} if name in methods else set()
+            stored = set().union(*(self_attrs(m, ast.Store) for m in methods
+                                   if m == "select" or m.startswith("_select")))
+            read = self_attrs("combine", ast.Load) | self_attrs("observe", ast.Load)
+            offenders += [f"{path.relative_to(ROOT)} {cls.name}.{a}" for a in stored & read]
+    assert not offenders, offenders

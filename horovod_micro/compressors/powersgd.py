@@ -240,11 +240,20 @@ class PowerSGDCompressor(Compressor):
     def select(self, acc: torch.Tensor, iteration: int) -> Selection:
         # Nothing to choose: every coordinate gets an aggregate. Only the status header
         # travels in the shared index gather (no indices announced).
-        if self._all is None or self._all.device != acc.device:
-            self._all = torch.arange(self.numel, dtype=index_dtype(self.numel),
-                                     device=acc.device)
-            self._uncompressed = self._uncompressed.to(acc.device)
-        return Selection(self._all, announced=False)
+        return Selection(self._everything_on(acc.device), announced=False)
+
+    def _uncompressed_on(self, device: torch.device) -> torch.Tensor:
+        """The flat indices sent as they are, on ``device``."""
+        self._everything_on(device)
+        return self._uncompressed
+
+    def _everything_on(self, device: torch.device) -> torch.Tensor:
+        """``arange(N)`` on ``device`` (made once per device, with the uncompressed
+        entries' indices moved there too): the aggregate covers every coordinate."""
+        if self._all is None or self._all.device != device:
+            self._all = torch.arange(self.numel, dtype=index_dtype(self.numel), device=device)
+            self._uncompressed = self._uncompressed.to(device)
+        return self._all
 
     def _q_of(self, buffer: torch.Tensor, m: _Matrix) -> torch.Tensor:
         return buffer[m.q_start:m.q_start + m.cols * self.rank].view(m.cols, self.rank)
@@ -254,22 +263,22 @@ class PowerSGDCompressor(Compressor):
 
     def combine(self, acc, selection, gathered, iteration, reduction: ReduceOp,
                 traffic: Traffic) -> Aggregate:
-        n = self.comm.size
+        n, everything = self.comm.size, selection.indices  # _everything_on(acc.device)
         counts = SelectedCounts(gathered.per_rank, gathered.statuses, gathered.reports,
                                 gathered.checks, selected=[self.numel] * n)
         if gathered.nonfinite():  # every rank knows from the header: nothing travels
             empty = acc[:0]
-            return Aggregate(self._all[:0], empty, self._all[:0], counts)
+            return Aggregate(everything[:0], empty, everything[:0], counts)
         if iteration < self.start_iteration:  # dense warm-up: one allreduce of everything
             values = allreduce_values(self.comm, self.wire(acc).clone(), traffic, hvd.Sum,
                                       1.0, 1.0, role="powersgd-dense").to(acc.dtype)
-            return Aggregate(self._all, reduction.finish_sum(values, n), self._all, counts,
+            return Aggregate(everything, reduction.finish_sum(values, n), everything, counts,
                            kept=self.wire_error(acc))
         if self.q is None or not self.warm_start:
             q = self._initial_q(iteration, acc)
         else:
             q = self._usable(self.q.to(device=acc.device, dtype=acc.dtype, copy=True), acc)
-        dense = self._uncompressed
+        dense = self._uncompressed_on(acc.device)
         # First allreduce: every matrix's P = M Q, then the uncompressed entries.
         first = torch.empty(self.p_numel + dense.numel(), dtype=acc.dtype, device=acc.device)
         for m in self.matrices:
@@ -302,7 +311,7 @@ class PowerSGDCompressor(Compressor):
         values.index_copy_(0, dense, summed_p[self.p_numel:])
         kept.index_copy_(0, dense, dense_kept)
         next_q = summed_q.div_(n)  # the next warm start, adopted if the step is applied
-        return Aggregate(self._all, reduction.finish_sum(values, n), self._all, counts,
+        return Aggregate(everything, reduction.finish_sum(values, n), everything, counts,
                          kept=kept, learned=next_q)
 
     def _buffers(self, acc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
