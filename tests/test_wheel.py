@@ -42,6 +42,10 @@ def test_wheel_installs_and_trains_outside_the_checkout(tmp_path):
     with zipfile.ZipFile(wheels[0]) as whl:
         names = whl.namelist()
         metadata = next(whl.read(n).decode() for n in names if n.endswith("/METADATA"))
+        # No network-namespace, traffic-control or SSH code in the installed library.
+        emulation = [n for n in names if n.endswith(".py") and any(
+            word in whl.read(n).decode() for word in ("ip netns", "sshd", "tc qdisc", "tbf"))]
+    assert not emulation, emulation
     # The library depends on torch and Horovod only; the rest are extras.
     required = [line.split(":", 1)[1].strip() for line in metadata.splitlines()
                 if line.startswith("Requires-Dist:") and "extra ==" not in line]
