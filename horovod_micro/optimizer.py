@@ -9,9 +9,9 @@ The whole contract is the one class :class:`_DistributedOptimizer`; it holds its
 objects, each with its own interface:
 
 * :class:`~.hooks.BackwardHooks`: one hook per parameter, counting backward passes;
-* for a sparse compressor, :class:`~.reducer.SparseReducer` (the flat gradient's exchange,
-  once per step in ``synchronize()``) and :class:`~.shared_state.SparsePath` (the state
-  every rank holds alike);
+* for a sparse compressor, :class:`~.sparse.SparsePath`: the flat gradient's exchange once
+  per step in ``synchronize()`` (its :class:`~.reducer.SparseReducer`, ``opt.reducer``), on
+  a state every rank holds alike;
 * for a dense one (``Compression.none``/``fp16``), :class:`~.dense.DensePath`: Horovod's
   per-parameter allreduces, started by the hooks as backward goes;
 * :class:`~.elastic.ElasticBinding`: the collective argument check (:mod:`.validation`)
@@ -67,7 +67,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._exchanged = False
         self._should_synchronize = True
         self._closed = False
-        self._reducer: SparseReducer | None = None
         self._sparse_path: SparsePath | None = None
         self._dense: DensePath | None = None
         self._binding: ElasticBinding | None = None
@@ -101,12 +100,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if sparse:
             # With a GradScaler the residual follows the loss scale between steps, which
             # needs e_t and g_t apart: no zero-copy error feedback then.
-            self._reducer = SparseReducer(
+            self._sparse_path = SparsePath(SparseReducer(
                 self._layout, compression, self._comm,
                 ReduceOp(op, *scale_factors(op, gradient_predivide_factor)),
-                stats_callback=self._record, zero_copy=zero_copy and grad_scaler is None)
-            self._sparse_path = SparsePath(self._reducer, self._comm, self._layout,
-                                           process_set, self)
+                stats_callback=self._record, zero_copy=zero_copy and grad_scaler is None),
+                self)
             warn_if_unmaskable(compression, self.param_groups, process_set.rank() == 0)
         else:
             self._dense = DensePath(self._layout, self._parameter_names, compression, op,
@@ -132,8 +130,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     @property
     def reducer(self) -> SparseReducer | None:
-        """The sparse path (residual, statistics), read-only; None on a dense one."""
-        return self._reducer
+        """The sparse path's reducer (residual, statistics), read-only; None on a dense one."""
+        return self._sparse_path.reducer if self._sparse_path is not None else None
 
     @property
     def backward_passes_per_step(self) -> int:
@@ -147,8 +145,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """Backward accumulated into ``p.grad`` (the post-accumulate hook)."""
         final = self._backward.count(p)
         self._exchanged = False
-        if self._reducer is not None:
-            self._reducer.count_accumulation(p)
+        if self.reducer is not None:
+            self.reducer.count_accumulation(p)
         if final and self._dense is not None:
             self._dense.start(p)
 
@@ -159,7 +157,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         afterwards. Called automatically when the same parameters are wrapped again.
         """
         self._backward.remove()
-        self._reducer = self._sparse_path = self._dense = None
+        self._sparse_path = self._dense = None
         self._closed = True
 
     # ----- synchronize / step -------------------------------------------------------------
@@ -173,7 +171,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._comm.begin_exchange()
             if self._binding.stale():
                 self.rebind()
-        if self._exchanged and self._reducer.grads_hold_the_aggregate():
+        if self._exchanged and self.reducer.grads_hold_the_aggregate():
             # Already exchanged, and no step(), zero_grad(), backward or new .grad since:
             # a second sparse exchange would change the aggregate (dense ones run again,
             # as Horovod's do: an allreduce of equal averages changes nothing).
@@ -195,7 +193,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             # start clean on every rank.
             self._forget_pending_exchange()
         self._synchronized = True
-        self._exchanged = self._reducer is not None
+        self._exchanged = self.reducer is not None
 
     def _forget_pending_exchange(self) -> None:
         """Drop the handles of gradients already sent and zero the backward-pass counts."""
@@ -237,7 +235,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                  "but before optimizer.step() or optimizer.synchronize(). "
                                  "This is prohibited as it can cause a race condition.")
         self._exchanged = False
-        if self._reducer is None:
+        if self.reducer is None:
             return super(self.__class__, self).zero_grad(set_to_none=set_to_none)
         # The parameters of the flat layout get their residual slice as .grad (zero-copy
         # error feedback, SparseReducer.install_residual_views): never zeroed in place,
@@ -245,7 +243,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for p in self._layout.params:
             p.grad = None
         super(self.__class__, self).zero_grad(set_to_none=set_to_none)
-        self._reducer.install_residual_views()
+        self.reducer.install_residual_views()
         return None
 
     # ----- checkpoints and Elastic Horovod ------------------------------------------------
@@ -257,14 +255,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         and :meth:`load_state_dict` refuses another rank's (the documentation's usage
         page, "Checkpoints and resuming").
         """
-        return with_sparse_state(super(self.__class__, self).state_dict(), self._reducer)
+        return with_sparse_state(super(self.__class__, self).state_dict(), self.reducer)
 
     def load_state_dict(self, state_dict: dict) -> None:
         """Load a :meth:`state_dict`, all or nothing: if any part is refused, the
         optimizer keeps its state from before. A sparse state saved at another number of
         ranks loads on the rank that saved it (its residual) and maps the compressor's
         state onto this number of ranks, as an elastic reset does."""
-        if load_all_or_nothing(state_dict, self._reducer, self._load_wrapped_state):
+        if load_all_or_nothing(state_dict, self.reducer, self._load_wrapped_state):
             self._sparse_path.after_load()
 
     def _load_wrapped_state(self, state: dict) -> None:
@@ -278,14 +276,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def rebind(self) -> None:
         """After an elastic reset: :meth:`~.elastic.ElasticBinding.rebind`, collectively."""
         if self._included:
-            self._binding.rebind(self._reducer, self._sparse_path and self._sparse_path.adopt)
+            self._binding.rebind(self.reducer, self._sparse_path and self._sparse_path.adopt)
 
     def elastic_snapshot(self) -> dict:
         """For ``TorchState``'s commit: :meth:`~.elastic.ElasticBinding.snapshot`."""
         wrapped = super(self.__class__, self).state_dict()
         if self._binding is None:  # a rank outside the process set: its own state only
             return {"optimizer": copy.deepcopy(wrapped)}
-        return self._binding.snapshot(wrapped, self._reducer)
+        return self._binding.snapshot(wrapped, self.reducer)
 
     def elastic_restore(self, snapshot: dict) -> None:
         """Back to a snapshot of this process (after a collective failed: Horovod restores
@@ -296,7 +294,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for p in self._layout.params:
             p.grad = None
         if self._binding is not None:
-            self._binding.restore(snapshot, self._reducer)
+            self._binding.restore(snapshot, self.reducer)
 
 
 def DistributedOptimizer(  # noqa: N802  (Horovod's name)

@@ -33,11 +33,9 @@ class SparsePath:
     ``reducer`` (until closed).
     """
 
-    def __init__(self, reducer, comm, layout, process_set, owner):
+    def __init__(self, reducer, owner):
         self.reducer = reducer
-        self.comm = comm
-        self.layout = layout
-        self.process_set = process_set
+        self.comm = reducer.comm  # its process set and collective names
         self.owner = weakref.ref(owner)
         self.pending: bool | str = True
         self.loaded = False
@@ -84,7 +82,7 @@ class SparsePath:
         ``check_parameters`` (the first exchange, and the first after a load): first
         compare the ranks' parameters, see :meth:`check_same_parameters`.
         """
-        root = (self.process_set.ranks or list(range(hvd.size())))[0]
+        root = (self.comm.process_set.ranks or list(range(hvd.size())))[0]
         if check_parameters:
             self.check_same_parameters()
         shared = self.comm.broadcast_object(self.reducer.shared_state(), root, "shared-state")
@@ -124,7 +122,7 @@ class SparsePath:
         fresh optimizers on zero gradients, which weight decay turns into a change of the
         weights (of about ``lr`` per weight with Adam), as in stock Horovod.
         """
-        digest = parameter_digest([p.detach() for p in self.layout.params])
+        digest = parameter_digest([p.detach() for p in self.reducer.layout.params])
         me = self.owner()
         others = [o for o in alive_alike(self.comm.prefix) if o is not me and o.reducer is not None]
         flags = torch.tensor([1.0 if self.loaded else 0.0, 1.0 if others else 0.0],

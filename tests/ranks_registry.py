@@ -9,7 +9,7 @@ import horovod_micro as hvm
 
 
 def plugin_steps(numel, steps, density):
-    """Drive the fixture method (registered through HOROVOD_MICRO_PLUGINS) with known
+    """Drive the fixture method (a plugin or a built-in, as the environment makes it) with known
     per-rank gradients; return the gradients the optimizer hands back, the bytes each step
     sent and what the method's byte model says."""
     from simulation import rank_gradient

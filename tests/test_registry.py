@@ -47,9 +47,11 @@ def simulate_cyclic_block(n, numel, steps, density):
     return out
 
 
-def test_plugin_method_runs_through_the_optimizer():
+def check_cyclic_block_on_ranks(env: dict) -> None:
+    """The fixture method, found as ``env`` makes it, on 2 real ranks: the gradients equal
+    its simulation and every step's bytes its byte model."""
     numel, steps, density = 300, 4, 0.1
-    results = run_ranks("ranks_registry:plugin_steps", np=2, env=PLUGIN_ENV,
+    results = run_ranks("ranks_registry:plugin_steps", np=2, env=env,
                         kwargs={"numel": numel, "steps": steps, "density": density})
     expected = simulate_cyclic_block(2, numel, steps, density)
     for r in results:
@@ -57,6 +59,10 @@ def test_plugin_method_runs_through_the_optimizer():
         for got, want in zip(r.value["grads"], expected):
             torch.testing.assert_close(torch.tensor(got), want)
         assert r.value["sent"] == [r.value["modeled"]] * steps  # its byte model holds
+
+
+def test_plugin_method_runs_through_the_optimizer():
+    check_cyclic_block_on_ranks(PLUGIN_ENV)
 
 
 def _python(code_or_args: list[str], plugin: bool) -> subprocess.CompletedProcess:
@@ -149,12 +155,4 @@ def test_a_builtin_method_is_one_library_file_plus_its_simulation(tmp_path):
     assert names.returncode == 0, names.stderr
     where, *methods = names.stdout.split()
     assert where.startswith(str(tmp_path)) and "cyclicblock" in methods
-
-    numel, steps, density = 300, 4, 0.1
-    results = run_ranks("ranks_registry:plugin_steps", np=2, env={"PYTHONPATH": path},
-                        kwargs={"numel": numel, "steps": steps, "density": density})
-    expected = simulate_cyclic_block(2, numel, steps, density)
-    for r in results:
-        assert r.value["method"] == "cyclicblock"
-        for got, want in zip(r.value["grads"], expected):
-            torch.testing.assert_close(torch.tensor(got), want)
+    check_cyclic_block_on_ranks({"PYTHONPATH": path})

@@ -45,7 +45,7 @@ from ..registry import register
 from .capacity import CutWatch
 from .controller import ThresholdController
 from .density_controller import DensityController, PaperController
-from .device_choice import device_choice, regather_if_asked
+from .device_choice import RESELECT, device_choice
 from .drift import DriftAges, DriftSelector
 from .part_controller import PartController
 from .partition import owned_part, part_bounds
@@ -342,13 +342,14 @@ class MicroCompressor(Compressor):
     def gather(self, selection: Selection, status, traffic: Traffic
                ) -> tuple[Selection, Gathered]:
         """The index gather, once more where a rank's device-side choice needs the host
-        rule (:func:`~.device_choice.regather_if_asked`)."""
+        rule (:data:`~.device_choice.RESELECT`): that rank takes its host-rule selection
+        and every rank gathers again, in the same shape and under the same name."""
         selection, gathered = super().gather(selection, status, traffic)
-        if self.slots is not None:
-            selection, gathered, again = regather_if_asked(
-                lambda chosen: super(MicroCompressor, self).gather(chosen, status, traffic)[1],
-                self.comm.rank, selection, gathered)
-            self.regathers += again
+        if self.slots is not None and RESELECT in gathered.reports:
+            if gathered.reports[self.comm.rank] == RESELECT:
+                selection = selection.reselect()
+            selection, gathered = super().gather(selection, status, traffic)
+            self.regathers += 1
         return selection, gathered
 
     def combine(self, acc, selection, gathered, iteration, reduction: ReduceOp,

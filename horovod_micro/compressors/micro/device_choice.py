@@ -23,7 +23,7 @@ What the device cannot decide, it leaves to the host rule: an upward crossing be
 hold (the overflow rule's cut), an all-zero ``a_t``. The report is then :data:`RESELECT`:
 after the index gather every rank sees it, the ranks that sent it select again by the host
 rule (with its reads) and every rank gathers once more, in the same shape and under the
-same name, so with no new negotiation (:func:`regather_if_asked`, MiCRO's index gather).
+same name, so with no new negotiation (``MicroCompressor.gather``).
 So the result is the host rule's in every case; only such a step pays a second gather.
 """
 
@@ -34,8 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ...exchange import Gathered
-from ...selection import Selection, ThresholdSelector, index_dtype, reads_wait
+from ...selection import ThresholdSelector, index_dtype, reads_wait
 from .controller import ThresholdController
 from .part_controller import LADDER, PartController
 
@@ -160,15 +159,3 @@ def choose_in_slots(scores: torch.Tensor, th0: torch.Tensor, capacity: int,
     return SlotChoice(indices.to(index_dtype(numel)), count, report,
                       torch.where(cliff, cut.double(), level))
 
-
-def regather_if_asked(gather, rank: int, selection: Selection, gathered: Gathered
-                      ) -> tuple[Selection, Gathered, bool]:
-    """After an index gather in slots: where some rank reported :data:`RESELECT`, that rank
-    (``rank`` among them) takes its host-rule selection (:attr:`Selection.reselect`) and
-    every rank gathers again with ``gather(selection)``. Returns the selection that
-    travelled, the gather, and whether it ran twice."""
-    if RESELECT not in gathered.reports:
-        return selection, gathered, False
-    if gathered.reports[rank] == RESELECT:
-        selection = selection.reselect()
-    return selection, gather(selection), True
