@@ -5,7 +5,7 @@
 #
 #   bash tools/gpu-machine.sh SDIST WHEEL_DIR OUT [STEP ...]
 #
-# STEP: build tests syncs pipeline (the default) or ab cycle async batch train timeline, each
+# STEP: build tests syncs pipeline (the default) or bars ab cycle async batch train timeline, each
 # a function below; ab needs BASE_TREE (AB_MODELS picks its models), train FMNIST_DIR.
 # On an H100 (16 cores): build 145 s, tests 51 s, one bench.pipeline run about 25 s; so
 # `build syncs ab tests` with AB_MODELS=wide_mlp fits one 10-minute call (about 6 min).
@@ -92,6 +92,18 @@ cycle() {
             "$PY" -m bench.pipeline --device cuda --np 1 --model "$model" --iters 60 \
                 --warmup 20 --variants compute barrier micro --cycle-time-ms "$ct" \
                 --json "$OUT/json/pipeline_${model}_cycle${ct}.json" || return 1
+        done
+    done
+}
+
+# The step against compute-only at the cycle the docs advise (0.2 ms), three rounds per model.
+bars() {
+    local model round
+    for model in wide_mlp resnet18; do
+        for round in 1 2 3; do
+            "$PY" -m bench.pipeline --device cuda --np 1 --model "$model" --iters 60 \
+                --warmup 20 --variants compute micro --cycle-time-ms 0.2 \
+                --json "$OUT/json/bars_${model}_${round}.json" || return 1
         done
     done
 }
