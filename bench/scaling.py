@@ -341,6 +341,8 @@ def train(method: str, *, n: int, density: float, epochs: float, seed: int = 1,
     final = curve[-3:]
     final_value = sum(a for _, a in final) / len(final)
     return {"method": method, "n": n, "density": density, "epochs": epochs, "seed": seed,
+            # The compressor's whole configuration, defaults included (None: dense).
+            "compression_config": compressors[0].config() if sparse else None,
             "dataset": dataset, "model": model_name, "optimizer": optimizer_name,
             "lr": lr, "lr_scaling": lr_scaling, "peak_lr": peak, "iterations": iters,
             "metric": metric, "final_metric": final_value,

@@ -47,9 +47,12 @@ def run(method: str, ranks: int, seed: int, epochs: int, timeout: float) -> dict
                     env={"OMP_NUM_THREADS": "1"}, label=f"{method} on {ranks} ranks")
         epochs_rec = read_jsonl(Path(out) / "epochs.jsonl")
         iterations = read_jsonl(Path(out) / "iterations.jsonl")
+        config = json.loads((Path(out) / "run.json").read_text())
     sent = [it.get("bytes_sent_max", it.get("bytes_sent", 0)) for it in iterations]
     density = [it["density"] for it in iterations if "density" in it]
     return {"method": method, "ranks": ranks, "seed": seed, "epochs": epochs,
+            # The compressor's whole configuration as the ranks held it (None: dense).
+            "compression_config": config.get("compression_config"),
             "final_accuracy": epochs_rec[-1]["test_accuracy"],
             "accuracy_by_epoch": [e["test_accuracy"] for e in epochs_rec],
             "bytes_per_iteration": sum(sent) / max(len(sent), 1),

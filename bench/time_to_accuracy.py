@@ -55,6 +55,7 @@ from horovod_micro_train.records import (
     ITERATIONS_FILE,
     TIME_FIELDS,
     method_label,
+    method_settings,
     read_jsonl,
 )
 
@@ -222,6 +223,9 @@ def analyse_run(path: Path, targets: list[float]) -> dict:
     return {
         "dir": str(path), "label": label,
         "method": config["compressor"], "density": density,
+        "settings": method_settings(config), "optimizer": {
+            k: config.get(k) for k in ("lr", "momentum", "no_nesterov", "weight_decay",
+                                       "fused_sgd", "batch_size", "epochs")},
         "seed": config["seed"], "world_size": config["world_size"],
         "iterations": len(its), "epochs": len(epochs),
         "time_to": {f"{t:g}": time_to(evals, t) for t in targets},
@@ -261,7 +265,8 @@ def analyse(root: Path, targets: list[float]) -> dict:
             rows[label] = {
                 "seeds": sorted(r["seed"] for r in runs),
                 "world_size": runs[0]["world_size"], "density": runs[0]["density"],
-                "method": runs[0]["method"],
+                "method": runs[0]["method"], "settings": _one(runs, "settings"),
+                "optimizer": _one(runs, "optimizer"),
                 "time_to": {t: _spread([r["time_to"][t] for r in runs])
                             for t in runs[0]["time_to"]},
                 "iterations_to": {t: _spread([r["iterations_to"][t] for r in runs])
@@ -285,6 +290,16 @@ def analyse(root: Path, targets: list[float]) -> dict:
             }
         report[cell] = rows
     return report
+
+
+def _one(runs: list[dict], key: str):
+    """``key`` of the runs grouped under one label, which must agree (the label names a
+    method's settings; runs with other settings are another row)."""
+    values = [r[key] for r in runs]
+    if any(v != values[0] for v in values):
+        raise ValueError(f"runs under one label differ in {key}: "
+                         + ", ".join(f"{r['dir']}: {r[key]}" for r in runs))
+    return values[0]
 
 
 def _mean_or_none(values: list[float | None]) -> float | None:

@@ -124,7 +124,8 @@ def read_jsonl(path: Path) -> list[dict]:
 def method_label(config: dict) -> str:
     """How reports and figures name a run's method, from its ``run.json``: ``none``,
     ``micro d=0.001``, ``powersgd rank=2`` (the density only for a method that takes one;
-    ``--compressor-option`` values after it)."""
+    ``--compressor-option`` values and the method's own flags, such as ``judge=magnitude``,
+    after it, so that a label without them means the method's defaults)."""
     import horovod_micro as hvm
     from horovod_micro.compression import takes_density
 
@@ -135,4 +136,18 @@ def method_label(config: dict) -> str:
     options = dict(config.get("compressor_options") or [])
     if config.get("powersgd_rank"):
         options.setdefault("rank", config["powersgd_rank"])
+    for flag in ("controller", "judge", "capacity", "momentum_masking"):
+        if config.get(flag) is not None:  # a method's own flag: not its defaults
+            options.setdefault(flag, config[flag])
     return " ".join([label, *(f"{k}={v}" for k, v in options.items())])
+
+
+#: The flags of ``run.json`` that configure the method (``None`` or empty: its defaults).
+METHOD_SETTINGS = ("controller", "judge", "capacity", "momentum_masking", "powersgd_rank",
+                   "compressor_options")
+
+
+def method_settings(config: dict) -> dict:
+    """What a run's ``run.json`` says of its method beyond its name and density: every flag
+    of :data:`METHOD_SETTINGS` as recorded (all ``None`` or empty: the shipped defaults)."""
+    return {flag: config.get(flag) for flag in METHOD_SETTINGS}

@@ -112,3 +112,51 @@ def test_readme_headline_is_the_defaults_real_rank_run():
     cells = row(table((ROOT / "BENCHMARKS.md").read_text(), "| method | 8 ranks"),
                 "**micro (defaults)**, with dense " + ", ".join(dense) + " in the same run")
     assert cells[0] == f"**{micro[0]}, {micro[1]}**"
+
+
+def test_time_to_accuracy_n2_is_the_defaults_run():
+    """The n = 2 time-to-accuracy cell: every row's runs recorded no method flag (their
+    run.json), MiCRO's recorded configurations are those of ``Compression.micro`` with only
+    the density given, and the figures in BENCHMARKS.md, the docs and the which-method
+    tables are that run's."""
+    import horovod_micro as hvm
+
+    cell = json.loads((ROOT / "bench" / "results" / "scaling-defaults.json").read_text())[
+        "time_to_accuracy_n2_1gbit"]["rows"]
+    micro, dense, topk = cell["micro d=0.001"], cell["none"], cell["topk d=0.001"]
+    unset = {"controller": None, "judge": None, "capacity": None, "momentum_masking": None,
+             "powersgd_rank": None, "compressor_options": []}
+    for method in (micro, dense, topk):
+        assert method["settings"] == unset
+        assert method["optimizer"]["fused_sgd"] and method["world_size"] == 2
+    recorded = [c for c in micro["compression_configs"] if isinstance(c, dict)]
+    assert recorded and all(c == hvm.Compression.micro(density=0.001).config()
+                            for c in recorded)
+    assert micro["seeds"] == dense["seeds"] == [1, 2]
+
+    def spread(method, target):
+        s = method["time_to"][target]
+        return f"{s['mean']:.0f} ({s['min']:.0f}-{s['max']:.0f})"
+
+    def ratio(method, target):
+        return f"{dense['time_to'][target]['mean'] / method['time_to'][target]['mean']:.2f}x"
+
+    benchmarks = (ROOT / "BENCHMARKS.md").read_text()
+    text = table(benchmarks, "| | MiCRO d = 0.001 (seeds 1, 2) |")
+    for target, label in (("0.8", "time to 80 %, s (dense / method)"),
+                          ("0.85", "time to 85 %, s (dense / method)")):
+        cells = row(text, label)
+        assert cells[0] == f"{spread(micro, target)} (**{ratio(micro, target)}**)"
+        assert cells[1] == f"{spread(dense, target)} (1.00x)"
+        assert cells[2] == f"{topk['time_to'][target]['mean']:.0f} ({ratio(topk, target)})"
+    over_topk = topk["time_to"]["0.85"]["mean"] / micro["time_to"]["0.85"]["mean"]
+    claim = (f"85 % test accuracy {ratio(micro, '0.85')} sooner than dense, "
+             f"{over_topk:.2f}x sooner than Top-k")
+    assert claim in benchmarks
+    choosing = (ROOT / "docs" / "choosing.md").read_text()
+    assert (f"85 % test accuracy {ratio(micro, '0.85')} sooner than dense and "
+            f"{over_topk:.2f}x sooner than Top-k") in choosing
+    docs = " ".join((ROOT / "docs" / "benchmarks.md").read_text().split())
+    assert (f"MiCRO reached 85 % test accuracy {ratio(micro, '0.85')} sooner than dense** "
+            f"({micro['time_to']['0.85']['mean']:.0f} s vs "
+            f"{dense['time_to']['0.85']['mean']:.0f} s") in docs

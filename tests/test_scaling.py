@@ -10,6 +10,7 @@ import math
 import pytest
 import torch
 
+import horovod_micro as hvm
 from bench.scaling import main, parse_method, train
 from horovod_micro.stats import ring_allreduce_bytes
 
@@ -46,6 +47,9 @@ def test_records_bytes_and_diagnosis(tmp_path):
         rows = micro[n]["diagnosis"]
         assert rows and all(0.0 <= row["in_summed_topk"] <= 1.0 for row in rows)
         assert all(row["mean_wait"] >= 1.0 for row in rows)
+        # The record holds the compressor's whole configuration: the shipped defaults.
+        assert micro[n]["compression_config"] == hvm.Compression.micro(density=0.05).config()
+        assert dense[n]["compression_config"] is None
     for name in ("scaling-accuracy.png", "scaling-bytes.png"):
         assert (tmp_path / "figures" / name).read_bytes()[:4] == b"\x89PNG"
     # A second call with the same --json reuses the finished runs instead of training.

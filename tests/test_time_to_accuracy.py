@@ -25,7 +25,9 @@ import pytest
 from simulation_powersgd import compressed
 from test_fashion_mnist import write_dataset
 
+import horovod_micro as hvm
 from horovod_micro_train.models import build_model
+from horovod_micro_train.records import method_label
 from hvm_testbed.cluster import clusters
 from hvm_testbed.launch import run_bounded
 
@@ -102,6 +104,19 @@ def test_report_states_bytes_targets_and_figures(bench):
         assert row["seeds"] == [1]
         assert row["equal_epochs"] == 2
     assert cell["micro d=0.01"]["mean_density_ratio"] == pytest.approx(1.0, abs=0.5)
+    # Each row records its method's settings from the runs' run.json: MiCRO ran with every
+    # flag of its own unset (the shipped defaults), PowerSGD with its rank.
+    assert cell["micro d=0.01"]["settings"] == {
+        "controller": None, "judge": None, "capacity": None, "momentum_masking": None,
+        "powersgd_rank": None, "compressor_options": []}
+    assert dict(cell["powersgd rank=2"]["settings"]["compressor_options"]) == {"rank": 2}
+    assert cell["none"]["optimizer"]["epochs"] == 2
+    # run.json also holds the compressor's whole configuration as the optimizer held it:
+    # for MiCRO, that of Compression.micro with only the density given.
+    micro = json.loads((Path(cell["micro d=0.01"]["dirs"][0]) / "run.json").read_text())
+    assert micro["compression_config"] == hvm.Compression.micro(density=0.01).config()
+    dense = json.loads((Path(cell["none"]["dirs"][0]) / "run.json").read_text())
+    assert dense["compression_config"] is None
     report = (out / "report.md").read_text()
     assert "| none | 1 |" in report and "| micro d=0.01 | 1 |" in report
     assert "not reached" in report
@@ -119,3 +134,16 @@ def test_the_cluster_is_gone(bench):
     names = {line.split()[0] for line in netns.splitlines() if line.strip()}
     assert {n for n in names if n.startswith("hvmc-")} <= {
         n for n in names if any(n.startswith(f"hvmc-{cid}-") for cid in before)}
+
+
+def test_a_label_names_every_setting_that_is_not_a_default():
+    """A run with a method flag set is never labelled (and so grouped or reported) as that
+    method's defaults."""
+    base = {"compressor": "micro", "density": 0.001}
+    assert method_label(base) == "micro d=0.001"
+    assert method_label({**base, "judge": "magnitude", "capacity": "exact"}) == (
+        "micro d=0.001 judge=magnitude capacity=exact")
+    assert method_label({**base, "momentum_masking": False}) == (
+        "micro d=0.001 momentum_masking=False")
+    assert method_label({"compressor": "powersgd", "density": 0.001,
+                         "powersgd_rank": 2}) == "powersgd rank=2"
