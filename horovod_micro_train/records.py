@@ -136,15 +136,17 @@ def method_label(config: dict) -> str:
     options = dict(config.get("compressor_options") or [])
     if config.get("powersgd_rank"):
         options.setdefault("rank", config["powersgd_rank"])
-    for flag in ("controller", "judge", "capacity", "momentum_masking"):
+    for flag in METHOD_FLAGS:
         if config.get(flag) is not None:  # a method's own flag: not its defaults
             options.setdefault(flag, config[flag])
     return " ".join([label, *(f"{k}={v}" for k, v in options.items())])
 
 
-#: The flags of ``run.json`` that configure the method (``None`` or empty: its defaults).
-METHOD_SETTINGS = ("controller", "judge", "capacity", "momentum_masking", "powersgd_rank",
-                   "compressor_options")
+#: The flags of ``run.json`` that set a method's own options (``None``: its default).
+METHOD_FLAGS = ("controller", "judge", "capacity", "momentum_masking")
+#: All that configures the method beyond its name and density (``None`` or empty: its
+#: defaults): those flags, PowerSGD's rank and ``--compressor-option``.
+METHOD_SETTINGS = (*METHOD_FLAGS, "powersgd_rank", "compressor_options")
 
 
 def method_settings(config: dict) -> dict:

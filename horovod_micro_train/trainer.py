@@ -289,7 +289,7 @@ def _open_tensorboard(args: argparse.Namespace, out: Path):
 def _config(optimizer) -> dict | None:
     """The sparse compressor's whole configuration as the optimizer holds it (what every
     rank checks alike, defaults included), for ``run.json``; None for a dense method."""
-    compression = getattr(optimizer, "compression", None)
+    compression = optimizer.compression
     return compression.config() if isinstance(compression, Compressor) else None
 
 
