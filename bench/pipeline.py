@@ -183,7 +183,10 @@ def worker(args) -> None:
 
     gathered = hvd.allgather_object({k: r["rows"] for k, r in runs.items()})
     if hvd.rank() == 0:
-        Path(args.worker).write_text(json.dumps(gathered))
+        # The compressor's whole configuration, defaults included (None: no exchange).
+        configs = {label: run["opt"].compression.config() if label in SPARSE else None
+                   for label, run in runs.items()}
+        Path(args.worker).write_text(json.dumps({"rows": gathered, "configs": configs}))
     hvd.shutdown()
 
 
@@ -279,9 +282,12 @@ def main() -> None:
         if args.timeline:
             (REPO / "bench/results").mkdir(exist_ok=True)
             (REPO / "bench/results/pipeline-timeline.json").write_text(timeline.read_text())
-        per_rank = json.loads(out.read_text())
+        recorded = json.loads(out.read_text())
+        per_rank = recorded["rows"]
         activities = timeline_activities(timeline) if args.timeline else {}
     res = summarise(per_rank, args.variants)
+    for v in res:
+        res[v]["compression_config"] = recorded["configs"].get(v)
     iters = args.iters
     cycle = "1 (default)" if args.cycle_time_ms is None else f"{args.cycle_time_ms:g}"
     where = "GPU (NCCL collectives)" if args.device == "cuda" else "Gloo"
