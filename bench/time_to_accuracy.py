@@ -223,7 +223,11 @@ def analyse_run(path: Path, targets: list[float]) -> dict:
     return {
         "dir": str(path), "label": label,
         "method": config["compressor"], "density": density,
-        "settings": method_settings(config), "optimizer": {
+        "settings": method_settings(config),
+        # The compressor's whole configuration as the ranks held it (None: dense), or
+        # "not recorded" for a run.json older than the record.
+        "compression_config": config.get("compression_config", "not recorded"),
+        "optimizer": {
             k: config.get(k) for k in ("lr", "momentum", "no_nesterov", "weight_decay",
                                        "fused_sgd", "batch_size", "epochs")},
         "seed": config["seed"], "world_size": config["world_size"],
@@ -287,6 +291,7 @@ def analyse(root: Path, targets: list[float]) -> dict:
                 "density_p10": _mean_or_none([r["density_p10"] for r in runs]),
                 "density_p90": _mean_or_none([r["density_p90"] for r in runs]),
                 "dirs": [r["dir"] for r in runs],
+                "compression_configs": [r["compression_config"] for r in runs],
             }
         report[cell] = rows
     return report

@@ -20,15 +20,21 @@ from pathlib import Path
 
 import pytest
 
+import horovod_micro as hvm
+
 ROOT = Path(__file__).resolve().parent.parent
-RUNS = json.loads((ROOT / "bench" / "results" / "scaling-defaults.json").read_text())["runs"]
+DEFAULTS = json.loads((ROOT / "bench" / "results" / "scaling-defaults.json").read_text())
+RUNS = DEFAULTS["runs"]
 GRID = (2, 4, 8, 16)
+#: every n of the scaling benchmark's default grid
+FULL = (2, 3, 4, 5, 6, 7, 8, 12, 16)
+#: a time-to-accuracy row's settings when no method flag was set
+UNSET = {"controller": None, "judge": None, "capacity": None, "momentum_masking": None,
+         "powersgd_rank": None, "compressor_options": []}
 
 
 def shipped(density: float) -> dict:
     """The configuration of MiCRO's shipped defaults at ``density``."""
-    import horovod_micro as hvm
-
     return hvm.Compression.micro(density=density).config()
 
 
@@ -142,8 +148,7 @@ def test_benchmarks_scaling_table(label, method):
 def test_readme_headline_is_the_defaults_real_rank_run():
     """The README's first figures: 8 real ranks, MiCRO's defaults (``micro``, nothing else
     set) and dense (``none``) in one run, 2 seeds; the bytes are the busiest rank's."""
-    runs = json.loads((ROOT / "bench" / "results" / "scaling-defaults.json").read_text())[
-        "real_ranks_n8"]
+    runs = DEFAULTS["real_ranks_n8"]
     by = {(r["method"], r["seed"]): r for r in runs if r["ranks"] == 8 and r["epochs"] == 3}
     text = " ".join((ROOT / "README.md").read_text().split())
     micro = [f"{100 * by[('micro', s)]['final_accuracy']:.2f} %" for s in (1, 2)]
@@ -172,19 +177,13 @@ def test_time_to_accuracy_n2_is_the_defaults_run():
     run.json), MiCRO's recorded configurations are those of ``Compression.micro`` with only
     the density given, and the figures in BENCHMARKS.md, the docs and the which-method
     tables are that run's."""
-    import horovod_micro as hvm
-
-    cell = json.loads((ROOT / "bench" / "results" / "scaling-defaults.json").read_text())[
-        "time_to_accuracy_n2_1gbit"]["rows"]
+    cell = DEFAULTS["time_to_accuracy_n2_1gbit"]["rows"]
     micro, dense, topk = cell["micro d=0.001"], cell["none"], cell["topk d=0.001"]
-    unset = {"controller": None, "judge": None, "capacity": None, "momentum_masking": None,
-             "powersgd_rank": None, "compressor_options": []}
     for method in (micro, dense, topk):
-        assert method["settings"] == unset
+        assert method["settings"] == UNSET
         assert method["optimizer"]["fused_sgd"] and method["world_size"] == 2
     recorded = [c for c in micro["compression_configs"] if isinstance(c, dict)]
-    assert recorded and all(c == hvm.Compression.micro(density=0.001).config()
-                            for c in recorded)
+    assert recorded and all(c == shipped(0.001) for c in recorded)
     assert micro["seeds"] == dense["seeds"] == [1, 2]
 
     def spread(method, target):
@@ -212,11 +211,10 @@ def test_time_to_accuracy_n2_is_the_defaults_run():
     faster = f"{dense['iteration_time_mean'] / micro['iteration_time_mean']:.1f}x"
     assert f"MiCRO's iteration (d = 0.001) {faster} faster than dense's" in choosing
     assert f"its iteration is {faster} faster than dense's (means)" in " ".join(benchmarks.split())
-    docs_page = " ".join((ROOT / "docs" / "benchmarks.md").read_text().split())
+    docs = " ".join((ROOT / "docs" / "benchmarks.md").read_text().split())
     assert (f"Its iteration is {faster} faster than dense's "
             f"({1e3 * micro['iteration_time_mean']:.0f} vs "
-            f"{1e3 * dense['iteration_time_mean']:.0f} ms)") in docs_page
-    docs = " ".join((ROOT / "docs" / "benchmarks.md").read_text().split())
+            f"{1e3 * dense['iteration_time_mean']:.0f} ms)") in docs
     assert (f"MiCRO reached 85 % test accuracy {ratio(micro, '0.85')} sooner than dense** "
             f"({micro['time_to']['0.85']['mean']:.0f} s vs "
             f"{dense['time_to']['0.85']['mean']:.0f} s") in docs
@@ -225,12 +223,11 @@ def test_time_to_accuracy_n2_is_the_defaults_run():
 def test_every_defaults_run_recorded_the_shipped_configuration():
     """``scaling-defaults.json`` holds the shipped defaults' runs only: every simulator run
     (``runs``) and every real-rank run, each with the configuration it recorded."""
-    data = json.loads((ROOT / "bench" / "results" / "scaling-defaults.json").read_text())
     for run in RUNS:
         assert run["method"] in ("dense", "micro"), run["method"]
         configured_as_shipped(run)
     for key in ("real_ranks_n6", "real_ranks_n8"):
-        for run in data[key]:
+        for run in DEFAULTS[key]:
             assert run["method"] in ("none", "micro"), run["method"]
             configured_as_shipped(run)
 
@@ -280,8 +277,7 @@ def test_off_the_grid_figures():
     loss = {m: f"{simulated(m, 'text_transformer', 'adamw', 8, 1)['final_metric']:.3f}"
             for m in ("dense", "micro")}
     assert f"validation loss {loss['dense']} dense, {loss['micro']} MiCRO" in prose
-    n6 = json.loads((ROOT / "bench" / "results" / "scaling-defaults.json").read_text())[
-        "real_ranks_n6"]
+    n6 = DEFAULTS["real_ranks_n6"]
     by = {(r["method"], r["seed"]): f"{100 * r['final_accuracy']:.2f}" for r in n6
           if r["ranks"] == 6 and r["epochs"] == 3}
     assert (f"on 6 ranks (peak lr 0.3): dense {by[('none', 1)]} / {by[('none', 2)]} %, "
@@ -292,10 +288,9 @@ def test_which_method_row_for_many_ranks():
     """The which-method table's "8-64 ranks" row: MiCRO's defaults within 1 point of dense
     or above at every n of the runs (2-16 on two seeds, 32 and 64 capped), and the range
     of bytes per rank per step over those n, dense's beside it."""
-    full = (2, 3, 4, 5, 6, 7, 8, 12, 16)
-    pairs = [(recorded("micro", n), recorded("dense", n)) for n in full]
+    pairs = [(recorded("micro", n), recorded("dense", n)) for n in FULL]
     pairs += [(simulated("micro", "fmnist_mlp", "nesterov", n, 2),
-               simulated("dense", "fmnist_mlp", "nesterov", n, 2)) for n in full]
+               simulated("dense", "fmnist_mlp", "nesterov", n, 2)) for n in FULL]
     pairs += [(capped("micro", n), capped("dense", n)) for n in LARGE]
     for micro, dense in pairs:
         assert micro["final_accuracy"] >= dense["final_accuracy"] - 0.01, micro
@@ -320,13 +315,12 @@ def test_docs_page_prose_figures():
     assert (f"A second seed at n = 8 and 16: MiCRO {percent(nesterov('micro', 8, 2))} % and "
             f"{percent(nesterov('micro', 16, 2))} %, dense {percent(nesterov('dense', 8, 2))} % "
             f"and {percent(nesterov('dense', 16, 2))} %") in page
-    full = (2, 3, 4, 5, 6, 7, 8, 12, 16)
 
     def span(method):
-        values = sorted(nesterov(method, n, s)["final_accuracy"] for n in full for s in (1, 2))
+        values = sorted(nesterov(method, n, s)["final_accuracy"] for n in FULL for s in (1, 2))
         return f"{100 * values[0]:.2f}-{100 * values[-1]:.2f} %"
     assert f"(dense {span('dense')}, MiCRO {span('micro')})" in page
-    for n in full:
+    for n in FULL:
         for seed in (1, 2):
             assert (nesterov("micro", n, seed)["final_accuracy"]
                     >= nesterov("dense", n, seed)["final_accuracy"]), (n, seed)
@@ -348,19 +342,15 @@ def test_docs_page_prose_figures():
 def test_time_to_accuracy_n4_is_the_defaults_run():
     """The n = 4, 1 Gbit/s cell: every row ran with no method flag, MiCRO's recorded
     configurations are the shipped defaults, and BENCHMARKS.md's table is that run's."""
-    cell = json.loads((ROOT / "bench" / "results" / "scaling-defaults.json").read_text())[
-        "time_to_accuracy_n4_1gbit"]["rows"]
+    cell = DEFAULTS["time_to_accuracy_n4_1gbit"]["rows"]
     micro, powersgd = cell["micro d=0.001"], cell["powersgd rank=4"]
     dense, topk = cell["none"], cell["topk d=0.001"]
     for method in (micro, powersgd, dense, topk):
         options = [] if method is not powersgd else [["rank", 4]]
-        assert method["settings"] == {"controller": None, "judge": None, "capacity": None,
-                                      "momentum_masking": None, "powersgd_rank": None,
-                                      "compressor_options": options}, method["settings"]
+        assert method["settings"] == {**UNSET, "compressor_options": options}, method
         assert method["optimizer"]["fused_sgd"] and method["world_size"] == 4
     assert micro["compression_configs"] == [shipped(0.001)] * 2
     assert dense["compression_configs"] == [None]
-    import horovod_micro as hvm
     assert powersgd["compression_configs"] == [hvm.Compression.powersgd(rank=4).config()] * 2
     assert micro["seeds"] == powersgd["seeds"] == [1, 2]
 

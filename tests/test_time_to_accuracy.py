@@ -115,6 +115,8 @@ def test_report_states_bytes_targets_and_figures(bench):
     # for MiCRO, that of Compression.micro with only the density given.
     micro = json.loads((Path(cell["micro d=0.01"]["dirs"][0]) / "run.json").read_text())
     assert micro["compression_config"] == hvm.Compression.micro(density=0.01).config()
+    assert cell["micro d=0.01"]["compression_configs"] == [micro["compression_config"]]
+    assert cell["none"]["compression_configs"] == [None]
     dense = json.loads((Path(cell["none"]["dirs"][0]) / "run.json").read_text())
     assert dense["compression_config"] is None
     report = (out / "report.md").read_text()
