@@ -74,7 +74,7 @@ import horovod_micro as hvm
 from horovod_micro.compression import takes_density
 from horovod_micro.compressors.base import ReduceOp
 from horovod_micro.layout import FlatLayout
-from horovod_micro.momentum import mask_momentum, prime_first_moment
+from horovod_micro.momentum import masking
 from horovod_micro.reducer import SparseReducer
 from horovod_micro.stats import ring_allreduce_bytes
 from horovod_micro.testing.loopback import LoopbackGroup
@@ -272,14 +272,14 @@ def train(method: str, *, n: int, density: float, epochs: float, seed: int = 1,
         return (x[idx].view(n, batch_size, *x.shape[1:]),
                 y[idx].view(n, batch_size, *y.shape[1:]))
 
-    def apply(it: int, merged: torch.Tensor, primed: torch.Tensor | None = None) -> None:
+    def apply(it: int, merged: torch.Tensor, arrived=None, compressor=None) -> None:
         for group in optimizer.param_groups:
             group["lr"] = lr_at(it / steps_per_epoch, peak, n, warmup_epochs, (), 0.1)
         for p, view in zip(layout.params, layout.views(merged)):
             p.grad = view.clone()
-        if primed is not None:  # Adam's first moment where a burst arrived, as the optimizer
-            prime_first_moment(optimizer, layout.params, layout.slices, primed)
-        optimizer.step()
+        # Momentum masked (Adam's moments primed) where the burst arrived, as the optimizer.
+        with masking(optimizer, compressor, layout, arrived, None):
+            optimizer.step()
         if (it + 1) % eval_every == 0 or it + 1 == iters:
             curve.append((it + 1, evaluate(model, test_x, test_y)))
             report(f"{method} n={n}: iteration {it + 1}/{iters}, "
@@ -328,13 +328,9 @@ def train(method: str, *, n: int, density: float, epochs: float, seed: int = 1,
                     # exceeds what travelled).
                     cuts[0] += sum(stats.rank_counts) > stats.global_count
                     if reducer.applied is not None:
-                        applied = reducer.applied
-                        diagnosis.record(it, summed, applied, aggregate, residual_norm)
-                    masks = reducer.applied is not None and reducer.compressor.masks()
-                    apply(it, aggregate, reducer.applied if masks else None)
-                    if masks:
-                        mask_momentum(optimizer, layout.params, layout.slices, applied,
-                                      full=reducer.compressor.momentum_masking is True)
+                        diagnosis.record(it, summed, reducer.applied.indices, aggregate,
+                                         residual_norm)
+                    apply(it, aggregate, reducer.applied, reducer.compressor)
                 group.share(rank, None)  # the weights are updated before the next step
 
         group.run(rank_body)

@@ -35,10 +35,16 @@ Adam and AdamW (``exp_avg``): their first moment applies only ``1 - beta1`` of a
 its step and spreads the rest over the following ones, so clearing it after the step
 alone would drop nine tenths of every burst. Instead the first moment at the burst's
 coordinates is set before the step so that the step's bias-corrected first moment there is
-the burst itself (:func:`prime_first_moment`), and cleared after it: the burst is applied
-whole, once, normalised by the second moment as Adam normalises a gradient. The second
-moment (``exp_avg_sq``) is left to Adam. This is the default (and ``True``) with Adam at
-any learning rate. ``momentum_masking=True`` with an optimizer that keeps no momentum (SGD
+the burst itself, and cleared after it: the burst is applied whole, once, normalised by the
+second moment (:func:`prime_adam`). The second moment takes the burst's square divided by
+the square root of its age (the iterations it accumulated; MiCRO's drift judge keeps them,
+other methods give the plain square). A burst of age ``k`` holds about ``k`` gradients:
+its plain square would make the second moment ``k`` times a gradient's, and each burst
+would move a weight about ``sqrt(k)`` times the learning rate where dense Adam moves it
+``k`` times over the same steps; divided by ``k``, a stale burst of noise moves as far as
+one of signal and training becomes unstable from 8 workers. The square root between the
+two is measured best (``BENCHMARKS.md``, "Off the grid"). This is the default (and
+``True``) with Adam at any learning rate; ``amsgrad`` keeps the plain square. ``momentum_masking=True`` with an optimizer that keeps no momentum (SGD
 without momentum) is refused on every rank when the optimizer is wrapped, and MiCRO's
 default warns there once. A ``step()`` that should have
 masked and found no buffer at all raises, so masking is never silently off;
@@ -53,16 +59,28 @@ from __future__ import annotations
 
 import warnings
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 
 #: The per-parameter optimizer state that carries a gradient on to later steps, by torch's
 #: names: SGD's and RMSprop's momentum, Adam's and AdamW's first moment.
 CARRIERS = ("momentum_buffer", "exp_avg")
+#: Adam's second moment takes an arrived burst's square divided by its age to this power
+#: (see the module docstring).
+AGE_POWER = 0.5
 #: MiCRO's default masking keeps a burst's effect to at most what it has at this learning
 #: rate unmasked: the linearly scaled rate of 2 workers of batch 32 at the usual base lr
 #: 0.1 per 128 samples.
 SAFE_LR = 0.05
+
+
+@dataclass(frozen=True)
+class Arrived:
+    """Where an exchange applied an aggregate: flat ``indices``, and per index how many
+    iterations it accumulated (``waited``, int; None where the method keeps no ages)."""
+    indices: torch.Tensor
+    waited: torch.Tensor | None = None
 
 
 def keeps_momentum(param_groups: list[dict]) -> bool:
@@ -116,37 +134,65 @@ def kept_fraction(group: dict, full: bool) -> float:
     return min(1.0, max(0.0, (wanted - floor) / slope))
 
 
-def per_parameter(slices: list[tuple[int, int]], indices: torch.Tensor):
-    """``(i, local)`` for each parameter ``i`` that holds some of the flat ``indices``
-    (coordinates of the flat vector that the parameters' ``[start, end)`` ``slices`` make
-    up), ``local`` being those coordinates within it."""
-    ordered = torch.sort(indices.long()).values
+def per_parameter(slices: list[tuple[int, int]], indices: torch.Tensor,
+                  *aligned: torch.Tensor):
+    """``(i, local, *parts)`` for each parameter ``i`` that holds some of the flat
+    ``indices`` (coordinates of the flat vector that the parameters' ``[start, end)``
+    ``slices`` make up), ``local`` being those coordinates within it and ``parts`` the
+    entries of each ``aligned`` tensor (one entry per index) that belong to them."""
+    ordered, order = torch.sort(indices.long())
+    aligned = tuple(a.index_select(0, order) for a in aligned)
     starts = torch.tensor([s for s, _ in slices] + [slices[-1][1]], device=ordered.device)
     cuts = torch.searchsorted(ordered, starts).tolist()
     for i in range(len(slices)):
         if cuts[i] < cuts[i + 1]:
-            yield i, ordered[cuts[i]:cuts[i + 1]] - slices[i][0]
+            yield (i, ordered[cuts[i]:cuts[i + 1]] - slices[i][0],
+                   *(a[cuts[i]:cuts[i + 1]] for a in aligned))
 
 
-def prime_first_moment(optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter],
-                       slices: list[tuple[int, int]], indices: torch.Tensor) -> None:
-    """Before an Adam or AdamW step: at the flat ``indices`` where a burst arrived, set
-    ``exp_avg`` to ``g (1 - beta1^(t-1))`` (``g`` the parameter's gradient there, ``t``
-    the step about to run), so that the step's bias-corrected first moment there is the
-    burst itself: applied whole in its step (and cleared after it by
-    :func:`mask_momentum`), where Adam would apply ``1 - beta1`` of it now and the rest
-    over the following steps. Other optimizers' state is left alone."""
-    if indices.numel() == 0:
-        return
+def prime_adam(optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter],
+               slices: list[tuple[int, int]], arrived: Arrived) -> list:
+    """Before an Adam or AdamW step, at the flat coordinates where a burst ``g`` arrived
+    (``arrived.indices``, each of age ``k``: ``arrived.waited``, or 1 where None): set
+    ``exp_avg`` so that the step's bias-corrected first moment there applies the burst
+    whole, as a first moment of ``g`` would over a second moment that took ``g^2 /
+    k^AGE_POWER`` (``v_b``) instead of the ``g^2`` the step adds (``v_a``): ``g (sqrt(v_a) +
+    eps) / (sqrt(v_b) + eps)`` (bias-corrected ``v``; equal to ``g`` where ``k`` is 1).
+    Returns the ``(exp_avg_sq, coordinates, v_b)`` that :func:`settle_adam` writes after
+    the step. Other optimizers' state is left alone, and so is a parameter's first step (a
+    first moment of 0 gives ``g`` there)."""
+    settle = []
+    if arrived.indices.numel() == 0:
+        return settle
     groups = {id(p): g for g in optimizer.param_groups for p in g["params"]}
-    for i, at in per_parameter(slices, indices):
+    waited = (arrived.waited if arrived.waited is not None
+              else torch.ones_like(arrived.indices, dtype=torch.int32))
+    for i, at, k in per_parameter(slices, arrived.indices, waited):
         p = params[i]
         group, state = groups.get(id(p), {}), optimizer.state.get(p, {})
         if "betas" not in group or "exp_avg" not in state or p.grad is None:
-            continue  # not Adam, or its first step (a first moment of 0 gives g there)
-        carry = 1.0 - group["betas"][0] ** int(state["step"])
-        moment = state["exp_avg"].view(-1)
-        moment.index_copy_(0, at, p.grad.reshape(-1).index_select(0, at) * carry)
+            continue
+        (b1, b2), t = group["betas"], int(state["step"]) + 1
+        moment, square = state["exp_avg"].view(-1), state["exp_avg_sq"].view(-1)
+        g = p.grad.reshape(-1).index_select(0, at).float()
+        g = -g if group.get("maximize") else g
+        burst = g
+        if not group.get("amsgrad"):
+            before, bias2, eps = square.index_select(0, at).float(), 1.0 - b2 ** t, group["eps"]
+            added = before * b2 + (1.0 - b2) * g * g
+            taken = before * b2 + (1.0 - b2) * g * g / k.float().pow(AGE_POWER)
+            burst = g * ((added / bias2).sqrt() + eps) / ((taken / bias2).sqrt() + eps)
+            settle.append((square, at, taken.to(square.dtype)))
+        # The step adds (1 - b1) g to b1 m: its first moment is burst (1 - b1^t) after it.
+        moment.index_copy_(0, at, ((burst * (1.0 - b1 ** t) - (1.0 - b1) * g) / b1
+                                   ).to(moment.dtype))
+    return settle
+
+
+def settle_adam(settle: list) -> None:
+    """After the step: each burst's second moment as :func:`prime_adam` took it."""
+    for square, at, taken in settle:
+        square.index_copy_(0, at, taken)
 
 
 def mask_momentum(optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter],
@@ -177,18 +223,21 @@ def mask_momentum(optimizer: torch.optim.Optimizer, params: list[torch.nn.Parame
 
 
 @contextmanager
-def masking(optimizer: torch.optim.Optimizer, compressor, layout,
-            applied: torch.Tensor | None, stats):
-    """Around the wrapped optimizer's step, after an exchange that applied an aggregate at
-    the flat coordinates ``applied`` (None: nothing to mask, a dense path or a skipped
-    step) over ``layout``'s parameters: Adam's first moment primed before the step, the
-    momentum masked after it (:func:`mask_applied`), where ``compressor`` masks."""
-    if (applied is not None and compressor.masks()
+def masking(optimizer: torch.optim.Optimizer, compressor, layout, arrived: Arrived | None,
+            stats):
+    """Around the wrapped optimizer's step, after an exchange that applied an aggregate
+    where ``arrived`` says (None: nothing to mask, a dense path or a skipped step) over
+    ``layout``'s parameters: Adam's moments primed before the step and settled after it
+    (:func:`prime_adam`), the momentum masked after it (:func:`mask_applied`), where
+    ``compressor`` masks."""
+    settle = []
+    if (arrived is not None and compressor.masks()
             and any("betas" in g for g in optimizer.param_groups)):  # Adam's kind only
-        prime_first_moment(optimizer, layout.params, layout.slices, applied)
+        settle = prime_adam(optimizer, layout.params, layout.slices, arrived)
     yield
-    if applied is not None:
-        mask_applied(optimizer, compressor, layout, applied, stats)
+    settle_adam(settle)
+    if arrived is not None:
+        mask_applied(optimizer, compressor, layout, arrived.indices, stats)
 
 
 def mask_applied(optimizer: torch.optim.Optimizer, compressor, layout, applied: torch.Tensor,

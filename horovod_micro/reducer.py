@@ -37,6 +37,7 @@ import torch
 from .compressors.base import Aggregate, Compressor, ReduceOp, Selection
 from .exchange import Comm, Traffic
 from .layout import FlatLayout, FrozenSlices
+from .momentum import Arrived
 from .reducer_checkpoint import ReducerCheckpoint
 from .residual_views import ResidualViews
 from .selection import reads_wait
@@ -240,9 +241,10 @@ class SparseReducer(ReducerCheckpoint):
         # then (see _support_to_clear): the next step clears only those coordinates.
         self._written: tuple[torch.Tensor, torch.Tensor, int] | None = None
         self.full_clears = 0  # steps that zeroed the whole output (a statistic)
-        # The coordinates the last finite step gave an aggregate (None after a skipped
-        # step): where momentum masking acts once the wrapped optimizer has stepped.
-        self.applied: torch.Tensor | None = None
+        # Where the last finite step gave an aggregate, and how long each coordinate
+        # waited (None after a skipped step): where momentum masking acts once the
+        # wrapped optimizer has stepped.
+        self.applied: Arrived | None = None
         # What the last write-back put into each .grad (see grads_hold_the_aggregate).
         self._aggregate_grads: list[tuple[torch.nn.Parameter, torch.Tensor]] = []
         # Called at every phase boundary when asked (stats.phase_sync), so that
@@ -376,7 +378,7 @@ class SparseReducer(ReducerCheckpoint):
         sent, kept = write_aggregate(acc, self.output, applied, contributed, reduced.values,
                                      keep, self._support_to_clear())
         self._written = (self.output, applied, self.output._version)
-        self.applied = applied
+        self.applied = Arrived(applied, reduced.waited)
         self.compressor.observe(reduced)
         if not isinstance(sq_norm, torch.Tensor) and not math.isfinite(sq_norm):
             return _norm(acc)  # ||a||^2 overflowed on finite entries (on a device: on read)
@@ -392,7 +394,7 @@ class SparseReducer(ReducerCheckpoint):
         self.residual.copy_(reduced.kept)
         self.output.copy_(reduced.values)
         self._written = None
-        self.applied = reduced.indices
+        self.applied = Arrived(reduced.indices)
         self.compressor.observe(reduced)
         # In the buffer's dtype (several times faster than a float64 pass over N), unless
         # that overflows.

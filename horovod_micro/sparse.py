@@ -57,9 +57,10 @@ class SparsePath:
             raise
 
     def take_applied(self):
-        """The coordinates the last exchange gave an aggregate, once (None after a skipped
-        step, or when they were taken): where the wrapped optimizer's step that follows
-        masks its momentum (:func:`~horovod_micro.momentum.masking`)."""
+        """Where the last exchange gave an aggregate (:class:`~horovod_micro.momentum.
+        Arrived`), once (None after a skipped step, or when taken): where the wrapped
+        optimizer's step that follows masks its momentum
+        (:func:`~horovod_micro.momentum.masking`)."""
         applied, self.reducer.applied = self.reducer.applied, None
         return applied
 

@@ -253,7 +253,8 @@ def test_off_the_grid_figures():
     rows = {"`fmnist_mlp`, Nesterov: dense": ("dense", "fmnist_mlp", "nesterov"),
             "MiCRO": ("micro", "fmnist_mlp", "nesterov"),
             "`fmnist_mlp`, AdamW: dense": ("dense", "fmnist_mlp", "adamw"),
-            "MiCRO (burst applied whole)": ("micro", "fmnist_mlp", "adamw")}
+            "MiCRO (burst applied whole, its square over sqrt(age))":
+                ("micro", "fmnist_mlp", "adamw")}
     checked = 0
     for label, (method, model, optimizer) in rows.items():
         for n, cell in zip(ns, row(text, label)):
@@ -331,7 +332,7 @@ def test_docs_page_prose_figures():
                 for n in ns for s in (1, 2)]
     adamw = gaps("fmnist_mlp", "adamw", (4, 8))
     assert f"With AdamW it is {min(adamw):.1f}-{max(adamw):.1f} points below dense AdamW" in page
-    assert all(2.5 <= g <= 3.5 for g in gaps("fmnist_mlp", "adamw", (16,)))  # "about 3"
+    assert all(2.0 <= g <= 3.0 for g in gaps("fmnist_mlp", "adamw", (16,)))  # "about 2.5"
     lenet = gaps("fmnist_lenet", "nesterov", (8,))
     assert f"a LeNet-5 at n = 8 is {min(lenet):.1f}-{max(lenet):.1f} points below" in page
     loss = {m: simulated(m, "text_transformer", "adamw", 8, 1)["final_metric"]

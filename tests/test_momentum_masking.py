@@ -130,10 +130,12 @@ def test_default_masking_without_momentum_warns_once_on_the_first_rank():
             assert all(m == 4 for m in r.value["masked"][1:]), (kind, r.value["masked"])
 
 
-def adamw_expected(step, masking):
+def adamw_expected(step, masking, age):
     """torch's AdamW (lr 0.01, betas 0.9/0.999, eps 1e-8, weight decay 0.01) with the
-    burst applied whole where it arrived: the first moment there set to
-    ``g (1 - beta1^(t-1))`` before the step and cleared after it."""
+    burst applied whole where it arrived: there the step's bias-corrected first moment is
+    the burst ``g`` itself, the second moment takes ``g^2 / sqrt(age)`` (``age``: the
+    iterations since the coordinate last arrived, or since the start), and the first
+    moment is cleared after the step."""
     lr, (b1, b2), eps, wd = 0.01, (0.9, 0.999), 1e-8, 0.01
     t = step["t"]
     w = torch.tensor(step["before"]["weights"], dtype=torch.float64)
@@ -141,12 +143,15 @@ def adamw_expected(step, masking):
     v = torch.tensor(step["before"]["exp_avg_sq"], dtype=torch.float64)
     g = torch.tensor(step["aggregate"], dtype=torch.float64)
     arrived = g != 0
-    if masking:
-        m[arrived] = g[arrived] * (1 - b1 ** (t - 1))
     w = w * (1 - lr * wd)
     m = b1 * m + (1 - b1) * g
-    v = b2 * v + (1 - b2) * g * g
-    w = w - lr * (m / (1 - b1 ** t)) / ((v / (1 - b2 ** t)).sqrt() + eps)
+    first = m / (1 - b1 ** t)
+    if masking:
+        v = torch.where(arrived, b2 * v + (1 - b2) * g * g / age.sqrt(), b2 * v)
+        first = torch.where(arrived, g, first)
+    else:
+        v = b2 * v + (1 - b2) * g * g
+    w = w - lr * first / ((v / (1 - b2 ** t)).sqrt() + eps)
     if masking:
         m[arrived] = 0.0
     return w, m, v
@@ -156,20 +161,27 @@ def adamw_expected(step, masking):
 def test_adamw_applies_a_burst_whole_and_clears_its_first_moment(masking):
     """On 3 Gloo ranks, AdamW behind MiCRO against a plain recomputation of torch's AdamW:
     by default each burst is applied whole in its step (the bias-corrected first moment
-    there is the burst) and the first moment is cleared after it; unmasked, AdamW as is."""
+    there is the burst, the second moment takes its square over the square root of its
+    age) and the first moment is cleared after it; unmasked, AdamW as is."""
     results = run_ranks("ranks_momentum:adamw_steps", np=3, kwargs={"masking": masking})
     steps = results[0].value
     for r in results[1:]:
         assert r.value == steps
+    last = torch.zeros(len(steps[0]["aggregate"]), dtype=torch.float64)
+    waited = 0  # arrivals after more than one iteration: where the age counts
     for step in steps:
-        w, m, v = adamw_expected(step, masking is None)
+        arrived = torch.tensor(step["aggregate"]) != 0
+        age = step["t"] - last
+        w, m, v = adamw_expected(step, masking is None, age)
+        waited += int((age[arrived] > 1).sum())
+        last[arrived] = step["t"]
         for key, want in (("weights", w), ("exp_avg", m), ("exp_avg_sq", v)):
             got = torch.tensor(step[key], dtype=torch.float64)
             assert got == pytest.approx(want, rel=1e-4, abs=1e-7), (step["t"], key)
-        arrived = torch.tensor(step["aggregate"]) != 0
         assert arrived.any()
         assert bool((torch.tensor(step["exp_avg"])[arrived] == 0).all()) is (masking is None)
         assert (step["masked"] > 0) is (masking is None)
+    assert waited > 0
 
 
 def test_density_one_with_masking_is_dense():

@@ -114,6 +114,10 @@ class Aggregate:
         learned: what the method adopts in :meth:`Compressor.observe` once the step is
             applied, its own type (PowerSGD's averaged ``Q``, the next step's warm start);
             None: nothing. On a skipped step ``observe`` does not run and it is dropped.
+        waited: per entry of ``indices``, how many iterations its aggregate accumulated
+            (1: this step's gradient alone), for methods that keep the ages (MiCRO's drift
+            judge); None elsewhere. Adam's second moment takes a burst by it
+            (:func:`~horovod_micro.momentum.prime_adam`).
     """
 
     indices: torch.Tensor
@@ -124,6 +128,7 @@ class Aggregate:
     kept: torch.Tensor | None = None
     iteration: int | None = None
     learned: Any = None
+    waited: torch.Tensor | None = None
 
 
 class Compressor:

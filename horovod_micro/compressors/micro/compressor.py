@@ -368,7 +368,9 @@ class MicroCompressor(Compressor):
             values = self.wire(acc.index_select(0, union))
             values = allreduce_values(self.comm, values, traffic, reduction.op,
                                       reduction.prescale, reduction.postscale)
-        return Aggregate(union, values.to(acc.dtype), union, gathered, selection.threshold)
+        waited = self.ages.waited(union, iteration + 1) if self.ages is not None else None
+        return Aggregate(union, values.to(acc.dtype), union, gathered, selection.threshold,
+                         waited=waited)
 
     def observe(self, reduced: Aggregate) -> None:
         t, n, gathered = reduced.iteration, self.comm.size, reduced.gathered

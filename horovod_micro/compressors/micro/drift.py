@@ -131,6 +131,11 @@ class DriftAges:
         """The drift scores of ``values``, at flat ``indices``."""
         return drift_scores(values, self.last.index_select(0, indices), now, self.wait(now))
 
+    def waited(self, indices: torch.Tensor, now: int) -> torch.Tensor:
+        """The ages at flat ``indices`` at iteration ``now`` (int32): how many iterations
+        of gradient their residual holds (before :meth:`restart`)."""
+        return ages(self.last.index_select(0, indices.long()), now)
+
     def restart(self, indices: torch.Tensor, now: int) -> None:
         """The coordinates at ``indices`` received an aggregate: they start afresh."""
         if self.last is not None:
