@@ -264,6 +264,14 @@ def test_off_the_grid_figures():
                                       for seed in (1, 2)), (label, n)
             checked += 1
     assert checked == 2 * 9 + 2 * 3
+    adam = row(text, "`fmnist_mlp`, Adam: dense; MiCRO")
+    for n, cell in zip(ns, adam):
+        if cell:
+            assert cell == "; ".join(
+                " / ".join(percent(simulated(m, "fmnist_mlp", "adam", n, s)) for s in (1, 2))
+                for m in ("dense", "micro")), n
+            checked += 1
+    assert checked == 2 * 9 + 2 * 3 + 3
     lenet = row(text, "`fmnist_lenet`, Nesterov: dense; MiCRO")
     assert lenet[ns.index(8)] == "; ".join(
         " / ".join(percent(simulated(m, "fmnist_lenet", "nesterov", 8, s)) for s in (1, 2))
