@@ -96,6 +96,7 @@ def worker(args) -> None:
     import torch
 
     import horovod_micro as hvm
+    from horovod_micro.compressors import config_of
     from horovod_micro.layout import FlatLayout
 
     torch.set_num_threads(1)
@@ -184,7 +185,7 @@ def worker(args) -> None:
     gathered = hvd.allgather_object({k: r["rows"] for k, r in runs.items()})
     if hvd.rank() == 0:
         # The compressor's whole configuration, defaults included (None: no exchange).
-        configs = {label: run["opt"].compression.config() if label in SPARSE else None
+        configs = {label: config_of(getattr(run["opt"], "compression", None))
                    for label, run in runs.items()}
         Path(args.worker).write_text(json.dumps({"rows": gathered, "configs": configs}))
     hvd.shutdown()

@@ -72,7 +72,7 @@ from torch.nn import functional as F  # noqa: N812
 
 import horovod_micro as hvm
 from horovod_micro.compression import takes_density
-from horovod_micro.compressors.base import ReduceOp
+from horovod_micro.compressors.base import ReduceOp, config_of
 from horovod_micro.layout import FlatLayout
 from horovod_micro.momentum import masking
 from horovod_micro.reducer import SparseReducer
@@ -338,7 +338,7 @@ def train(method: str, *, n: int, density: float, epochs: float, seed: int = 1,
     final_value = sum(a for _, a in final) / len(final)
     return {"method": method, "n": n, "density": density, "epochs": epochs, "seed": seed,
             # The compressor's whole configuration, defaults included (None: dense).
-            "compression_config": compressors[0].config() if sparse else None,
+            "compression_config": config_of(compressors[0] if sparse else None),
             "dataset": dataset, "model": model_name, "optimizer": optimizer_name,
             "lr": lr, "lr_scaling": lr_scaling, "peak_lr": peak, "iterations": iters,
             "metric": metric, "final_metric": final_value,

@@ -44,9 +44,10 @@ would move a weight about ``sqrt(k)`` times the learning rate where dense Adam m
 ``k`` times over the same steps; divided by ``k``, a stale burst of noise moves as far as
 one of signal and training becomes unstable from 8 workers. The square root between the
 two is measured best (``BENCHMARKS.md``, "Off the grid"). This is the default (and
-``True``) with Adam at any learning rate; ``amsgrad`` keeps the plain square. ``momentum_masking=True`` with an optimizer that keeps no momentum (SGD
-without momentum) is refused on every rank when the optimizer is wrapped, and MiCRO's
-default warns there once. A ``step()`` that should have
+``True``) with Adam at any learning rate; ``amsgrad`` keeps the plain square.
+``momentum_masking=True`` with an optimizer that keeps no momentum (SGD without momentum)
+is refused on every rank when the optimizer is wrapped, and MiCRO's default warns there
+once. A ``step()`` that should have
 masked and found no buffer at all raises, so masking is never silently off;
 ``opt.last_stats.momentum_masked`` says how many parameters were masked.
 Cost: where it acts, the arrived indices are split by parameter, which reads one vector of
@@ -173,11 +174,12 @@ def prime_adam(optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter
         if "betas" not in group or "exp_avg" not in state or p.grad is None:
             continue
         (b1, b2), t = group["betas"], int(state["step"]) + 1
-        moment, square = state["exp_avg"].view(-1), state["exp_avg_sq"].view(-1)
+        moment, square = state["exp_avg"].view(-1), state.get("exp_avg_sq")
         g = p.grad.reshape(-1).index_select(0, at).float()
         g = -g if group.get("maximize") else g
         burst = g
-        if not group.get("amsgrad"):
+        if square is not None and not group.get("amsgrad"):  # Adamax keeps no square
+            square = square.view(-1)
             before, bias2, eps = square.index_select(0, at).float(), 1.0 - b2 ** t, group["eps"]
             added = before * b2 + (1.0 - b2) * g * g
             taken = before * b2 + (1.0 - b2) * g * g / k.float().pow(AGE_POWER)

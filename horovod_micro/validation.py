@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import horovod.torch as hvd
 import torch
 
-from .compressors.base import Compressor
+from .compressors.base import Compressor, config_of
 from .exchange import Comm, allgather_object
 from .layout import FlatLayout
 from .momentum import masking_error
@@ -99,10 +99,8 @@ def local_errors(args: Arguments) -> list[str]:
 
 
 def _compression_config(compression) -> dict:
-    if isinstance(compression, Compressor):
-        return compression.config()
     name = compression.__name__ if isinstance(compression, type) else type(compression).__name__
-    return {"method": name}
+    return config_of(compression) or {"method": name}
 
 
 def check_collectively(args: Arguments, comm: Comm) -> None:

@@ -26,7 +26,7 @@ from horovod.torch.compression import Compressor as HorovodCompressor
 from torch.nn import functional as F  # noqa: N812
 
 import horovod_micro as hvm
-from horovod_micro.compressors import Compressor
+from horovod_micro.compressors import config_of
 from horovod_micro.stats import StepStats
 
 from . import checkpoint, provenance
@@ -286,13 +286,6 @@ def _open_tensorboard(args: argparse.Namespace, out: Path):
     return SummaryWriter(str(out / "tensorboard")) if hvd.rank() == 0 else None
 
 
-def _config(optimizer) -> dict | None:
-    """The sparse compressor's whole configuration as the optimizer holds it (what every
-    rank checks alike, defaults included), for ``run.json``; None for a dense method."""
-    compression = optimizer.compression
-    return compression.config() if isinstance(compression, Compressor) else None
-
-
 def run(args: argparse.Namespace, cifar_classes: dict | None = None) -> dict:
     """Train as ``args`` say (every rank calls it); returns the run's summary."""
     started = time.perf_counter()
@@ -310,7 +303,8 @@ def run(args: argparse.Namespace, cifar_classes: dict | None = None) -> dict:
     hosts = provenance.gather_hosts()
     if rank0:
         config = {**vars(args), "world_size": hvd.size(), "hosts": hosts,
-                  "device": str(ctx.device), "compression_config": _config(ctx.optimizer),
+                  "device": str(ctx.device),
+                  "compression_config": config_of(ctx.optimizer.compression),
                   "peak_lr": ctx.peak_lr, "parameters": sum(p.numel() for p in
                                                            ctx.model.parameters()),
                   "train_samples": len(ctx.data.train), "test_samples": len(ctx.data.test)}

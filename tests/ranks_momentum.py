@@ -60,8 +60,8 @@ def masked_steps(method="micro", density=0.05, iterations=8, masking=None, neste
 
 def with_optimizer(kind: str, masking=None, density=0.05, compression="micro",
                    iterations=4, lr=LR) -> dict:
-    """Wrap ``kind`` (``adam``, ``adamw``, ``sgd``: momentum 0.9, ``plain``: SGD without
-    momentum) and train a few steps;
+    """Wrap ``kind`` (``adam``, ``adamw``, ``adamax``, ``amsgrad``: Adam with it, ``sgd``:
+    momentum 0.9, ``plain``: SGD without momentum) and train a few steps;
     whatever wrapping raised, the warnings it gave on this rank, what each step recorded as
     masked, and this rank's weights."""
     import warnings
@@ -72,6 +72,8 @@ def with_optimizer(kind: str, masking=None, density=0.05, compression="micro",
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     base = {"adam": lambda p: torch.optim.Adam(p, lr=1e-2),
             "adamw": lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.01),
+            "adamax": lambda p: torch.optim.Adamax(p, lr=1e-2),
+            "amsgrad": lambda p: torch.optim.Adam(p, lr=1e-2, amsgrad=True),
             "sgd": lambda p: torch.optim.SGD(p, lr=lr, momentum=MOMENTUM),
             "plain": lambda p: torch.optim.SGD(p, lr=lr)}[kind](
         model.parameters())

@@ -122,7 +122,9 @@ def test_default_masking_without_momentum_warns_once_on_the_first_rank():
         warned = [w for w in r.value["warnings"] if "keeps no momentum" in w]
         assert len(warned) == (1 if r.rank == 0 else 0), (r.rank, r.value["warnings"])
         assert r.value["masked"] == [0] * 4, r.value["masked"]
-    for kind in ("adamw", "sgd"):
+    # Adamax keeps no second moment (exp_inf) and amsgrad its maximum: their first moment
+    # is primed and cleared, their second moment left to them.
+    for kind in ("adamw", "adamax", "amsgrad", "sgd"):
         masked = run_ranks("ranks_momentum:with_optimizer", np=3, timeout=300,
                            kwargs={"kind": kind, "lr": 0.3})
         for r in masked:

@@ -15,12 +15,21 @@ from ..exchange import (
 )
 from ..selection import index_dtype
 from ..stats import ring_allgather_bytes, ring_allreduce_bytes
-from .base import Aggregate, Compressor, ReduceOp, Selection, as_bool, as_float, as_int
+from .base import (
+    Aggregate,
+    Compressor,
+    ReduceOp,
+    Selection,
+    as_bool,
+    as_float,
+    as_int,
+    config_of,
+)
 from .registry import register
 
 __all__ = [
     "Aggregate", "Comm", "Compressor", "ReduceOp", "SelectedCounts", "Selection", "Traffic",
-    "allgather_values", "allreduce_values", "as_bool", "as_float", "as_int",
+    "allgather_values", "allreduce_values", "as_bool", "as_float", "as_int", "config_of",
     "gather_indices", "gather_slots", "index_dtype", "register", "ring_allgather_bytes",
     "ring_allreduce_bytes",
 ]

@@ -351,3 +351,9 @@ class Compressor:
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.config().items() if k != "method")
         return f"{type(self).__name__}({args})"
+
+
+def config_of(compression) -> dict | None:
+    """A sparse method's whole configuration (:meth:`Compressor.config`, defaults
+    included), as every run records it; None for Horovod's own compressions (dense)."""
+    return compression.config() if isinstance(compression, Compressor) else None
