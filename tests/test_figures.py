@@ -283,6 +283,13 @@ def test_off_the_grid_figures():
                        for s in (1, 2))
     assert (f"LeNet-5 at n = 16 diverges for dense at peak 0.2 too ({capped}); MiCRO trains "
             f"there ({trains})") in prose
+    low = {m: [simulated(m, "fmnist_lenet", "nesterov", 16, s, 0.1) for s in (1, 2)]
+           for m in ("dense", "micro")}
+    gap = [100 * (d["final_accuracy"] - m["final_accuracy"])
+           for d, m in zip(low["dense"], low["micro"])]
+    shown = {m: ", ".join(f"{percent(r)} %" for r in runs) for m, runs in low.items()}
+    assert (f"at peak 0.1 dense trains ({shown['dense']}) and MiCRO is {min(gap):.1f}-"
+            f"{max(gap):.1f} points below ({shown['micro']})") in prose
     loss = {m: f"{simulated(m, 'text_transformer', 'adamw', 8, 1)['final_metric']:.3f}"
             for m in ("dense", "micro")}
     assert f"validation loss {loss['dense']} dense, {loss['micro']} MiCRO" in prose
