@@ -154,21 +154,21 @@ def per_parameter(slices: list[tuple[int, int]], indices: torch.Tensor,
 def prime_adam(optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter],
                slices: list[tuple[int, int]], arrived: Arrived) -> list:
     """Before an Adam or AdamW step, at the flat coordinates where a burst ``g`` arrived
-    (``arrived.indices``, each of age ``k``: ``arrived.waited``, or 1 where None): set
+    (``arrived.indices``, each of age ``k``: ``arrived.waited``): set
     ``exp_avg`` so that the step's bias-corrected first moment there applies the burst
     whole, as a first moment of ``g`` would over a second moment that took ``g^2 /
     k^AGE_POWER`` (``v_b``) instead of the ``g^2`` the step adds (``v_a``): ``g (sqrt(v_a) +
     eps) / (sqrt(v_b) + eps)`` (bias-corrected ``v``; equal to ``g`` where ``k`` is 1).
-    Returns the ``(exp_avg_sq, coordinates, v_b)`` that :func:`settle_adam` writes after
-    the step. Other optimizers' state is left alone, and so is a parameter's first step (a
-    first moment of 0 gives ``g`` there)."""
+    Without ages (``waited`` None), and for Adamax and ``amsgrad``, the first moment is
+    ``g`` and the second moment is Adam's own. Returns the ``(exp_avg_sq, coordinates,
+    v_b)`` that :func:`settle_adam` writes after the step. Other optimizers' state is left
+    alone, and so is a parameter's first step (a first moment of 0 gives ``g`` there)."""
     settle = []
     if arrived.indices.numel() == 0:
         return settle
     groups = {id(p): g for g in optimizer.param_groups for p in g["params"]}
-    waited = (arrived.waited if arrived.waited is not None
-              else torch.ones_like(arrived.indices, dtype=torch.int32))
-    for i, at, k in per_parameter(slices, arrived.indices, waited):
+    aligned = () if arrived.waited is None else (arrived.waited,)
+    for i, at, *waited in per_parameter(slices, arrived.indices, *aligned):
         p = params[i]
         group, state = groups.get(id(p), {}), optimizer.state.get(p, {})
         if "betas" not in group or "exp_avg" not in state or p.grad is None:
@@ -178,8 +178,8 @@ def prime_adam(optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter
         g = p.grad.reshape(-1).index_select(0, at).float()
         g = -g if group.get("maximize") else g
         burst = g
-        if square is not None and not group.get("amsgrad"):  # Adamax keeps no square
-            square = square.view(-1)
+        if waited and square is not None and not group.get("amsgrad"):  # Adamax: no square
+            k, square = waited[0], square.view(-1)
             before, bias2, eps = square.index_select(0, at).float(), 1.0 - b2 ** t, group["eps"]
             added = before * b2 + (1.0 - b2) * g * g
             taken = before * b2 + (1.0 - b2) * g * g / k.float().pow(AGE_POWER)

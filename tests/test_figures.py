@@ -78,6 +78,17 @@ def kilobytes(run: dict) -> str:
     return f"{run['bytes_per_step'] / 1000:,.0f}"
 
 
+def seconds_to(method: dict, target: str) -> str:
+    """A time-to-accuracy row's seconds to ``target`` as the tables write them: the mean,
+    with the seeds' range where there are several; "not reached"."""
+    s = method["time_to"][target]
+    if s["mean"] is None:
+        return "not reached"
+    if s["runs"] == 1:
+        return f"{s['mean']:.0f}"
+    return f"{s['mean']:.0f} ({s['min']:.0f}-{s['max']:.0f})"
+
+
 def table(text: str, header: str) -> str:
     """The table whose header row starts with ``header``, up to the blank line after it."""
     start = text.index(header)
@@ -186,10 +197,6 @@ def test_time_to_accuracy_n2_is_the_defaults_run():
     assert recorded and all(c == shipped(0.001) for c in recorded)
     assert micro["seeds"] == dense["seeds"] == [1, 2]
 
-    def spread(method, target):
-        s = method["time_to"][target]
-        return f"{s['mean']:.0f} ({s['min']:.0f}-{s['max']:.0f})"
-
     def ratio(method, target):
         return f"{dense['time_to'][target]['mean'] / method['time_to'][target]['mean']:.2f}x"
 
@@ -198,9 +205,9 @@ def test_time_to_accuracy_n2_is_the_defaults_run():
     for target, label in (("0.8", "time to 80 %, s (dense / method)"),
                           ("0.85", "time to 85 %, s (dense / method)")):
         cells = row(text, label)
-        assert cells[0] == f"{spread(micro, target)} (**{ratio(micro, target)}**)"
-        assert cells[1] == f"{spread(dense, target)} (1.00x)"
-        assert cells[2] == f"{topk['time_to'][target]['mean']:.0f} ({ratio(topk, target)})"
+        assert cells[0] == f"{seconds_to(micro, target)} (**{ratio(micro, target)}**)"
+        assert cells[1] == f"{seconds_to(dense, target)} (1.00x)"
+        assert cells[2] == f"{seconds_to(topk, target)} ({ratio(topk, target)})"
     over_topk = topk["time_to"]["0.85"]["mean"] / micro["time_to"]["0.85"]["mean"]
     claim = (f"85 % test accuracy {ratio(micro, '0.85')} sooner than dense, "
              f"{over_topk:.2f}x sooner than Top-k")
@@ -372,18 +379,11 @@ def test_time_to_accuracy_on_emulated_hosts_is_the_defaults_run(hosts):
     assert powersgd["compression_configs"] == [hvm.Compression.powersgd(rank=4).config()] * 2
     assert micro["seeds"] == powersgd["seeds"] == [1, 2]
 
-    def cell_of(method, target):
-        s = method["time_to"][target]
-        if s["mean"] is None:
-            return "not reached"
-        if s["runs"] == 1:
-            return f"{s['mean']:.0f}"
-        return f"{s['mean']:.0f} ({s['min']:.0f}-{s['max']:.0f})"
     text = table((ROOT / "BENCHMARKS.md").read_text(), f"| n = {hosts}, 1 Gbit/s | MiCRO d = 0.001")
     for target, label in (("0.8", "time to 80 %, s"), ("0.85", "time to 85 %, s")):
         cells = row(text, label)
-        assert cells == [f"**{cell_of(micro, target)}**"] + [
-            cell_of(m, target) for m in others], label
+        assert cells == [f"**{seconds_to(micro, target)}**"] + [
+            seconds_to(m, target) for m in others], label
     over_dense = f"{dense['time_to']['0.85']['mean'] / micro['time_to']['0.85']['mean']:.2f}x"
     over_powersgd = (f"{powersgd['time_to']['0.85']['mean'] / micro['time_to']['0.85']['mean']:.2f}"
                      "x")
