@@ -159,13 +159,14 @@ def adamw_expected(step, masking, age):
     return w, m, v
 
 
-@pytest.mark.parametrize("masking", [None, False])
-def test_adamw_applies_a_burst_whole_and_clears_its_first_moment(masking):
-    """On 3 Gloo ranks, AdamW behind MiCRO against a plain recomputation of torch's AdamW:
-    by default each burst is applied whole in its step (the bias-corrected first moment
-    there is the burst, the second moment takes its square over the square root of its
-    age) and the first moment is cleared after it; unmasked, AdamW as is."""
-    results = run_ranks("ranks_momentum:adamw_steps", np=3, kwargs={"masking": masking})
+@pytest.mark.parametrize("backend,masking", [("gloo", None), ("gloo", False), ("mpi", None)])
+def test_adamw_applies_a_burst_whole_and_clears_its_first_moment(backend, masking):
+    """On 3 ranks (Gloo; MPI), AdamW behind MiCRO against a plain recomputation of torch's
+    AdamW: by default each burst is applied whole in its step (the bias-corrected first
+    moment there is the burst, the second moment takes its square over the square root of
+    its age) and the first moment is cleared after it; unmasked, AdamW as is."""
+    results = run_ranks("ranks_momentum:adamw_steps", np=3, backend=backend,
+                        kwargs={"masking": masking})
     steps = results[0].value
     for r in results[1:]:
         assert r.value == steps
