@@ -38,10 +38,12 @@ from horovod_micro_train.records import read_jsonl
 from hvm_testbed.launch import horovodrun_cmd, run_bounded
 
 REPO = Path(__file__).resolve().parent.parent
+#: ``make run``'s dataset; rows recorded before ``--dataset`` existed ran it
+DATASET = "fashion-mnist"
 
 
 def run(method: str, ranks: int, seed: int, epochs: int, timeout: float,
-        dataset: str = "fashion-mnist") -> dict:
+        dataset: str = DATASET) -> dict:
     """One ``python -m horovod_micro_train`` run of ``dataset``'s recipe; its final accuracy
     and bytes per iteration."""
     compressor, *flags = shlex.split(method)
@@ -86,7 +88,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--methods", nargs="+", default=["none", "micro"])
     p.add_argument("--ranks", type=int, nargs="+", default=[8])
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
-    p.add_argument("--dataset", default="fashion-mnist", choices=sorted(RECIPES))
+    p.add_argument("--dataset", default=DATASET, choices=sorted(RECIPES))
     p.add_argument("--epochs", type=int, default=None, help="default: the dataset's recipe")
     p.add_argument("--timeout", type=float, default=1800)
     p.add_argument("--json", type=Path, default=None)
@@ -98,7 +100,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     for ranks in args.ranks:
         for seed in args.seeds:
             for method in args.methods:
-                done = [r for r in previous if (r["method"], r.get("dataset", "fashion-mnist"),
+                done = [r for r in previous if (r["method"], r.get("dataset", DATASET),
                                                 r["ranks"], r["seed"], r["epochs"]) ==
                         (method, args.dataset, ranks, seed, epochs)]
                 result = done[0] if done else run(method, ranks, seed, epochs,

@@ -25,6 +25,7 @@ import horovod_micro as hvm
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULTS = json.loads((ROOT / "bench" / "results" / "scaling-defaults.json").read_text())
 RUNS = DEFAULTS["runs"]
+OTHERS = json.loads((ROOT / "bench" / "results" / "scaling-others.json").read_text())
 GRID = (2, 4, 8, 16)
 #: every n of the scaling benchmark's default grid
 FULL = (2, 3, 4, 5, 6, 7, 8, 12, 16)
@@ -259,6 +260,28 @@ def simulated(method: str, model: str, optimizer: str, n: int, seed: int,
     return found[0]
 
 
+def transformer_12_epochs() -> dict:
+    """The transformer's 12-epoch runs at n = 8, by method."""
+    return {r["method"]: r for r in RUNS if r.get("model") == "text_transformer"
+            and r["epochs"] == 12 and r["n"] == 8}
+
+
+def gaps(model: str, optimizer: str, ns) -> list[float]:
+    """Dense minus MiCRO's final accuracy, in points, at each n of ``ns`` on seeds 1 and 2."""
+    return [100 * (simulated("dense", model, optimizer, n, s)["final_accuracy"]
+                   - simulated("micro", model, optimizer, n, s)["final_accuracy"])
+            for n in ns for s in (1, 2)]
+
+
+def assert_nesterov_at_or_above_dense() -> None:
+    """MiCRO's defaults at or above dense at every n of the grid, on both seeds."""
+    for n in FULL:
+        for seed in (1, 2):
+            assert (simulated("micro", "fmnist_mlp", "nesterov", n, seed)["final_accuracy"]
+                    >= simulated("dense", "fmnist_mlp", "nesterov", n, seed)["final_accuracy"]
+                    ), (n, seed)
+
+
 def test_off_the_grid_figures():
     """BENCHMARKS.md's "Off the grid" table and the lines under it (defaults, seed 1 /
     seed 2) are the figures of the runs in ``scaling-defaults.json``."""
@@ -308,8 +331,7 @@ def test_off_the_grid_figures():
     loss = {m: f"{simulated(m, 'text_transformer', 'adamw', 8, 1)['final_metric']:.3f}"
             for m in ("dense", "micro")}
     assert f"validation loss {loss['dense']} dense, {loss['micro']} MiCRO" in prose
-    long = {r["method"]: r for r in RUNS if r.get("model") == "text_transformer"
-            and r["epochs"] == 12 and r["n"] == 8}
+    long = transformer_12_epochs()
     configured_as_shipped(long["micro"])
     reached = next(step for step, value in long["dense"]["curve"]
                    if value <= long["micro"]["final_metric"])
@@ -326,8 +348,7 @@ def test_off_the_grid_figures():
 def test_lenet_diagnosis_figures():
     """The LeNet-5 diagnosis under the off-the-grid table: n = 4, and at n = 8 the magnitude
     judge and gTop-k with masking, as recorded."""
-    others = json.loads((ROOT / "bench" / "results" / "scaling-others.json").read_text())
-    runs = {(r["method"], r["n"]): r for r in others["lenet_diagnosis"]["runs"]}
+    runs = {(r["method"], r["n"]): r for r in OTHERS["lenet_diagnosis"]["runs"]}
     assert all(r["model"] == "fmnist_lenet" and r["seed"] == 1 and r["epochs"] == 3
                and r["density"] == 0.01 for r in runs.values())
     configured_as_shipped(runs[("micro", 4)])
@@ -348,15 +369,14 @@ def test_lenet_diagnosis_figures():
 def test_digits_masking_figures():
     """The embedded digits run on 2 real ranks (dense, MiCRO's default, and the buffer always
     cleared), as BENCHMARKS.md and the methods page give it, is that of the recorded runs."""
-    others = json.loads((ROOT / "bench" / "results" / "scaling-others.json").read_text())
-    rows = DEFAULTS["real_ranks_digits_n2"] + others["digits_masking_on"]["runs"]
+    rows = DEFAULTS["real_ranks_digits_n2"] + OTHERS["digits_masking_on"]["runs"]
     by = {}
     for r in rows:
         assert r["dataset"] == "digits" and r["ranks"] == 2 and r["epochs"] == 12, r
         by.setdefault(r["method"], {})[r["seed"]] = f"{100 * r['final_accuracy']:.2f}"
     cleared = by["micro --momentum-masking on"]
     assert all(r["compression_config"]["momentum_masking"] is True
-               for r in others["digits_masking_on"]["runs"])
+               for r in OTHERS["digits_masking_on"]["runs"])
     seeds = {m: " / ".join(by[m][s] for s in (1, 2)) for m in by}
     prose = " ".join((ROOT / "BENCHMARKS.md").read_text().split())
     assert (f"dense {seeds['none']} %, MiCRO {seeds['micro']} %, MiCRO with the buffer always "
@@ -403,15 +423,7 @@ def test_docs_page_prose_figures():
         values = sorted(nesterov(method, n, s)["final_accuracy"] for n in FULL for s in (1, 2))
         return f"{100 * values[0]:.2f}-{100 * values[-1]:.2f} %"
     assert f"(dense {span('dense')}, MiCRO {span('micro')})" in page
-    for n in FULL:
-        for seed in (1, 2):
-            assert (nesterov("micro", n, seed)["final_accuracy"]
-                    >= nesterov("dense", n, seed)["final_accuracy"]), (n, seed)
-
-    def gaps(model, optimizer, ns):
-        return [100 * (simulated("dense", model, optimizer, n, s)["final_accuracy"]
-                       - simulated("micro", model, optimizer, n, s)["final_accuracy"])
-                for n in ns for s in (1, 2)]
+    assert_nesterov_at_or_above_dense()
     adamw = gaps("fmnist_mlp", "adamw", (3, 4, 5, 6, 7, 8))
     assert f"With AdamW it is at most {max(adamw):.1f} points below dense AdamW at n = 3-8" in page
     twelve = gaps("fmnist_mlp", "adamw", (12,))
@@ -422,8 +434,7 @@ def test_docs_page_prose_figures():
     loss = {m: simulated(m, "text_transformer", "adamw", 8, 1)["final_metric"]
             for m in ("dense", "micro")}
     assert f"at a {100 * (loss['micro'] / loss['dense'] - 1):.0f} % higher validation loss" in page
-    long = {r["method"]: r for r in RUNS if r.get("model") == "text_transformer"
-            and r["epochs"] == 12 and r["n"] == 8}
+    long = transformer_12_epochs()
     above = 100 * (long["micro"]["final_metric"] / long["dense"]["final_metric"] - 1)
     assert long["micro"]["iterations"] == 4 * simulated("micro", "text_transformer", "adamw", 8,
                                                         1)["iterations"]
@@ -566,22 +577,14 @@ def test_readme_accuracy_claim():
     """The README's accuracy claim under its headline: Nesterov at or above dense from 2 to 16
     (both seeds) and at 64, the gap at 32; AdamW's gaps at 3-8, 12 and 16 workers."""
     readme = " ".join((ROOT / "README.md").read_text().split())
-    for n in FULL:
-        for seed in (1, 2):
-            micro = simulated("micro", "fmnist_mlp", "nesterov", n, seed)
-            assert micro["final_accuracy"] >= simulated(
-                "dense", "fmnist_mlp", "nesterov", n, seed)["final_accuracy"], (n, seed)
+    assert_nesterov_at_or_above_dense()
     assert capped("micro", 64)["final_accuracy"] >= capped("dense", 64)["final_accuracy"]
     below = 100 * (capped("dense", 32)["final_accuracy"] - capped("micro", 32)["final_accuracy"])
     assert (f"at or above dense at every n from 2 to 16 and at 64, {below:.1f} below at 32 "
             "(a capped lr)") in readme
-
-    def gaps(ns):
-        return [100 * (simulated("dense", "fmnist_mlp", "adamw", n, s)["final_accuracy"]
-                       - simulated("micro", "fmnist_mlp", "adamw", n, s)["final_accuracy"])
-                for n in ns for s in (1, 2)]
-    twelve, sixteen = gaps((12,)), gaps((16,))
-    assert (f"with AdamW they are within {max(gaps((3, 4, 5, 6, 7, 8))):.1f} points of dense at "
+    twelve, sixteen = gaps("fmnist_mlp", "adamw", (12,)), gaps("fmnist_mlp", "adamw", (16,))
+    within = max(gaps("fmnist_mlp", "adamw", (3, 4, 5, 6, 7, 8)))
+    assert (f"with AdamW they are within {within:.1f} points of dense at "
             f"3-8 workers, {min(twelve):.1f}-{max(twelve):.1f} below at 12 and "
             f"{sum(sixteen) / 2:.1f} at 16") in readme
 
