@@ -314,15 +314,16 @@ def _mean_or_none(values: list[float | None]) -> float | None:
 
 def _fmt_spread(spread: dict, scale: float = 1.0, digits: int = 0,
                 missing: str = "not reached") -> str:
-    """``mean (min-max)`` over seeds, and how many seeds got a value when not all did."""
+    """``mean (min-max)`` over seeds; when not every seed got a value, over those that did,
+    saying how many: ``319 (1 of 2 seeds)``, ``300 (280-320, 2 of 3 seeds)``."""
     if spread["mean"] is None:
         return missing
     text = f"{scale * spread['mean']:.{digits}f}"
-    if spread["runs"] > 1:
-        text += f" ({scale * spread['min']:.{digits}f}-{scale * spread['max']:.{digits}f})"
+    within = [f"{scale * spread['min']:.{digits}f}-{scale * spread['max']:.{digits}f}"
+              ] if spread["reached"] > 1 else []
     if spread["reached"] < spread["runs"]:
-        text += f", {spread['reached']}/{spread['runs']} seeds"
-    return text
+        within.append(f"{spread['reached']} of {spread['runs']} seeds")
+    return f"{text} ({', '.join(within)})" if within else text
 
 
 def _ratio(a: dict, b: dict) -> str:

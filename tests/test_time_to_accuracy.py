@@ -149,3 +149,18 @@ def test_a_label_names_every_setting_that_is_not_a_default():
         "micro d=0.001 momentum_masking=False")
     assert method_label({"compressor": "powersgd", "density": 0.001,
                          "powersgd_rank": 2}) == "powersgd rank=2"
+
+
+def test_a_time_reached_on_some_seeds_says_on_how_many():
+    """The report's mean and range cover only the seeds that reached the target, and say so
+    (a range of one seed would read as agreement between seeds)."""
+    from bench.time_to_accuracy import _fmt_spread
+    one = {"mean": 319.2, "min": 319.2, "max": 319.2, "reached": 1, "runs": 2}
+    two = {"mean": 300.0, "min": 280.0, "max": 320.0, "reached": 2, "runs": 3}
+    every = {"mean": 143.4, "min": 122.0, "max": 164.0, "reached": 2, "runs": 2}
+    none = {"mean": None, "min": None, "max": None, "reached": 0, "runs": 2}
+    assert _fmt_spread(one) == "319 (1 of 2 seeds)"
+    assert _fmt_spread(two) == "300 (280-320, 2 of 3 seeds)"
+    assert _fmt_spread(every) == "143 (122-164)"
+    assert _fmt_spread({**every, "runs": 1, "reached": 1}) == "143"
+    assert _fmt_spread(none) == "not reached"

@@ -68,9 +68,10 @@ fi
 #     cluster of the tests (ip/tc, nsenter/unshare, sshd and ssh) and the throwaway
 #     single-node SLURM of tests/test_jobs_slurm.py (slurmctld, slurmd, sbatch), from
 #     Debian's packages. The tests start their own sshd and SLURM daemons on their own
-#     ports; the system's services stay off: a policy-rc.d keeps the packages from starting
-#     them while they install, and their units are disabled after, so that no SSH server on
-#     port 22 and no SLURM daemon comes up at the next boot of a machine that runs systemd.
+#     ports; the system's services stay off: tools/no_service_starts.sh keeps the packages
+#     from starting them while they install (whatever policy-rc.d the machine had), and the
+#     units of the packages installed here are disabled after, so that no SSH server on port
+#     22 and no SLURM daemon comes up at the next boot of a machine that runs systemd.
 if [ "${HVM_DEPS_ONLY:-0}" != 1 ] && [ "${HVM_CLUSTER_TOOLS:-0}" = 1 ]; then
     missing=()
     { command -v ip && command -v tc; } >/dev/null 2>&1 || missing+=(iproute2)
@@ -83,26 +84,24 @@ if [ "${HVM_DEPS_ONLY:-0}" != 1 ] && [ "${HVM_CLUSTER_TOOLS:-0}" = 1 ]; then
     if [ "${#missing[@]}" -gt 0 ]; then
         log "installing ${missing[*]} from Debian's packages (their services left off)"
         as_root apt-get update -q
-        policy=/usr/sbin/policy-rc.d
-        placed=0
-        if [ ! -e "$policy" ]; then
-            printf '#!/bin/sh\n# tools/setup.sh: no service starts while it installs\nexit 101\n' \
-                | as_root tee "$policy" >/dev/null
-            as_root chmod 755 "$policy"
-            placed=1
+        as_root env DEBIAN_FRONTEND=noninteractive "$REPO/tools/no_service_starts.sh" \
+            apt-get install -y -q --no-install-recommends "${missing[@]}"
+        # systemctl reads and edits the unit links without a running systemd (containers
+        # too). Only the units of the packages installed just now: a machine's own SSH
+        # server, installed before, is left as it was.
+        if command -v systemctl >/dev/null 2>&1; then
+            units=()
+            case " ${missing[*]} " in *" openssh-server "*) units+=(ssh.service ssh.socket);; esac
+            case " ${missing[*]} " in
+                *" slurm-wlm "*) units+=(slurmctld.service slurmd.service munge.service);;
+            esac
+            for unit in "${units[@]}"; do
+                if systemctl is-enabled --quiet "$unit" 2>/dev/null; then
+                    log "disabling the system's $unit (the tests run their own daemons)"
+                    as_root systemctl disable --quiet "$unit" 2>/dev/null || true
+                fi
+            done
         fi
-        DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -q --no-install-recommends \
-            "${missing[@]}" || { [ "$placed" = 1 ] && as_root rm -f "$policy"; exit 1; }
-        [ "$placed" = 1 ] && as_root rm -f "$policy"
-    fi
-    # systemctl reads and edits the unit links without a running systemd (containers too).
-    if command -v systemctl >/dev/null 2>&1; then
-        for unit in ssh.service ssh.socket slurmctld.service slurmd.service munge.service; do
-            if systemctl is-enabled --quiet "$unit" 2>/dev/null; then
-                log "disabling the system's $unit (the tests run their own daemons)"
-                as_root systemctl disable --quiet "$unit" 2>/dev/null || true
-            fi
-        done
     fi
 fi
 
