@@ -38,12 +38,14 @@ lint: setup
 
 # The CPU container image (docs/docker.md): docker build when a Docker engine answers,
 # else buildah with a local Debian base; image-test rebuilds (cached layers) and runs
-# --check-build and 2-rank MiCRO training on Gloo and MPI inside it.
+# --check-build and 2-rank MiCRO training on Gloo and MPI inside it, then checks in a fresh
+# container of the base what `make run`'s and `make test`'s set-ups install and leave enabled.
 image:
 	@bash docker/build-image.sh
 
 image-test: image
 	@bash docker/test-image.sh
+	@bash docker/test-setup-packages.sh
 
 # The GPU variant, compile only (docs/docker.md): builds localhost/horovod-micro:gpu, and
 # the build fails unless --check-build lists NCCL. Not in CI: about 30 min here.

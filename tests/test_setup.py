@@ -112,3 +112,16 @@ def test_make_run_asks_for_no_test_machine_package():
         ["make", "-n", "test"], cwd=REPO, capture_output=True, text=True, check=True).stdout
     with_tools = _setup_trace("1")
     assert "/usr/sbin/sshd" in with_tools and "missing=()" in with_tools
+
+
+def test_ci_checks_the_set_up_in_a_fresh_container():
+    """What ``make run`` installs on a fresh Debian machine is checked for real, in a fresh
+    container (docker/test-setup-packages.sh), by CI's ``make image-test``."""
+    ci = (REPO / ".ci" / "run").read_text()
+    assert "make image-test" in ci
+    recipe = subprocess.run(["make", "-n", "image-test"], cwd=REPO, capture_output=True,
+                            text=True, check=True).stdout
+    assert "docker/test-setup-packages.sh" in recipe
+    script = (REPO / "docker" / "test-setup-packages.sh").read_text()
+    for package in ("openssh-server", "slurm-wlm", "slurmctld", "slurmd"):
+        assert package in script

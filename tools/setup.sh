@@ -23,6 +23,8 @@
 #                    the Horovod build stays a cached layer while the sources change)
 #   HVM_CLUSTER_TOOLS 1: also step 1c, the test machine's packages (sshd, SLURM, iproute2);
 #                    `make test` sets it, `make run` and the image do not
+#   HVM_PACKAGES_ONLY 1: stop after step 1 (Debian's packages only; `make image-test` uses
+#                    it to check in a fresh container what `make run` installs)
 #   HOROVOD_GPU_OPERATIONS=NCCL  build Horovod's GPU collectives too (the GPU image). The
 #                    set-up then also requires nccl_built(), and the wheel cache key gets a
 #                    "-nccl" suffix so a CPU-only wheel is never reused for it. Horovod's
@@ -86,23 +88,31 @@ if [ "${HVM_DEPS_ONLY:-0}" != 1 ] && [ "${HVM_CLUSTER_TOOLS:-0}" = 1 ]; then
         as_root apt-get update -q
         as_root env DEBIAN_FRONTEND=noninteractive "$REPO/tools/no_service_starts.sh" \
             apt-get install -y -q --no-install-recommends "${missing[@]}"
-        # systemctl reads and edits the unit links without a running systemd (containers
-        # too). Only the units of the packages installed just now: a machine's own SSH
-        # server, installed before, is left as it was.
-        if command -v systemctl >/dev/null 2>&1; then
-            units=()
-            case " ${missing[*]} " in *" openssh-server "*) units+=(ssh.service ssh.socket);; esac
-            case " ${missing[*]} " in
-                *" slurm-wlm "*) units+=(slurmctld.service slurmd.service munge.service);;
-            esac
-            for unit in "${units[@]}"; do
-                if systemctl is-enabled --quiet "$unit" 2>/dev/null; then
-                    log "disabling the system's $unit (the tests run their own daemons)"
-                    as_root systemctl disable --quiet "$unit" 2>/dev/null || true
-                fi
-            done
-        fi
+        # Only the units of the packages installed just now: a machine's own SSH server,
+        # installed before, is left as it was. systemctl reads and edits the unit links
+        # without a running systemd; where systemd is not installed (containers), the
+        # packages' scripts still write the links (deb-systemd-helper), and they are
+        # removed here as `systemctl disable` would.
+        units=()
+        case " ${missing[*]} " in *" openssh-server "*) units+=(ssh.service ssh.socket);; esac
+        case " ${missing[*]} " in
+            *" slurm-wlm "*) units+=(slurmctld.service slurmd.service munge.service);;
+        esac
+        for unit in "${units[@]}"; do
+            if command -v systemctl >/dev/null 2>&1; then
+                systemctl is-enabled --quiet "$unit" 2>/dev/null || continue
+                log "disabling the system's $unit (the tests run their own daemons)"
+                as_root systemctl disable --quiet "$unit" 2>/dev/null || true
+            elif [ -d /etc/systemd/system ]; then
+                as_root find /etc/systemd/system -path "*.wants/$unit" -type l -delete
+            fi
+        done
     fi
+fi
+
+if [ "${HVM_PACKAGES_ONLY:-0}" = 1 ]; then
+    log "Debian's packages are in place (HVM_PACKAGES_ONLY=1: stopping here)"
+    exit 0
 fi
 
 # 2. The virtual environment.
