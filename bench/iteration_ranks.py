@@ -45,6 +45,9 @@ def one_run(ranks: int, iters: int, extra: list[str], out: Path,
     kept = rows[SKIP:]
     result = {f: statistics.median(r[f] for r in kept) for f in FIELDS}
     result["bytes_sent"] = statistics.mean(r["bytes_sent"] for r in kept)
+    # What the run's optimizer held (None for dense): the figures say which settings.
+    result["compression_config"] = json.loads(
+        (out / "run.json").read_text()).get("compression_config")
     return result
 
 
@@ -82,6 +85,8 @@ def main() -> None:
         print(f"| {name} | " + " | ".join(f"{c:.1f}" for c in cells) + f" | {ratio} |")
     if args.json:
         args.json.write_text(json.dumps({"ranks": args.ranks, "iters": args.iters,
+                                         "backend": args.backend,
+                                         "cycle_time_ms": args.cycle_time_ms,
                                          "runs": runs}, indent=1))
 
 
