@@ -273,6 +273,9 @@ def analyse(root: Path, targets: list[float]) -> dict:
                 "optimizer": _one(runs, "optimizer"),
                 "time_to": {t: _spread([r["time_to"][t] for r in runs])
                             for t in runs[0]["time_to"]},
+                # Each seed's own times: runs of one seed see the same data order, so
+                # "first on every seed" compares seed by seed.
+                "seed_times": {str(r["seed"]): r["time_to"] for r in runs},
                 "iterations_to": {t: _spread([r["iterations_to"][t] for r in runs])
                                   for t in runs[0]["iterations_to"]},
                 "final_accuracy": _spread([r["final_accuracy"] for r in runs]),

@@ -79,6 +79,27 @@ def kilobytes(run: dict) -> str:
     return f"{run['bytes_per_step'] / 1000:,.0f}"
 
 
+def not_first(cell: dict) -> list[tuple[str, str, str, float]]:
+    """Where MiCRO's defaults were not first to 80 % or 85 % in a time-to-accuracy cell,
+    seed by seed (runs of one seed see the same data order): ``(row, seed, target, seconds
+    MiCRO was behind)``. A row without per-seed times must have reached neither target."""
+    micro = cell["micro d=0.001"]["seed_times"]
+    behind = []
+    for label, other in cell.items():
+        if label == "micro d=0.001":
+            continue
+        if "seed_times" not in other:
+            assert all(t["mean"] is None for t in other["time_to"].values()), label
+            continue
+        assert set(other["seed_times"]) <= set(micro), label
+        for seed, times in other["seed_times"].items():
+            for target in ("0.8", "0.85"):
+                assert micro[seed][target] is not None, (seed, target)
+                if times[target] is not None and times[target] <= micro[seed][target]:
+                    behind.append((label, seed, target, micro[seed][target] - times[target]))
+    return behind
+
+
 def seconds_to(method: dict, target: str) -> str:
     """A time-to-accuracy row's seconds to ``target`` as the tables write them: the mean,
     with the seeds' range where there are several; "not reached"; where only some seeds
@@ -451,8 +472,8 @@ def test_time_to_accuracy_on_emulated_hosts_is_the_defaults_run(hosts):
     docs' claims are that run's."""
     cell = DEFAULTS[f"time_to_accuracy_n{hosts}_1gbit"]["rows"]
     micro, powersgd, dense = cell["micro d=0.001"], cell["powersgd rank=4"], cell["none"]
-    others = [powersgd, dense] + ([cell["topk d=0.001"], cell["powersgd rank=2"]]
-                                  if hosts == 4 else [])
+    rank2 = cell["powersgd rank=2"]
+    others = [powersgd, dense] + ([cell["topk d=0.001"]] if hosts == 4 else []) + [rank2]
     for method in [micro] + others:
         options = ([["rank", method["settings"]["compressor_options"][0][1]]]
                    if method["method"] == "powersgd" else [])
@@ -462,14 +483,18 @@ def test_time_to_accuracy_on_emulated_hosts_is_the_defaults_run(hosts):
     assert dense["compression_configs"] == [None]
     assert powersgd["compression_configs"] == [hvm.Compression.powersgd(rank=4).config()] * 2
     assert micro["seeds"] == powersgd["seeds"] == [1, 2]
-    if hosts == 4:  # rank 2 as well, on both seeds: MiCRO's slower seed first at both targets
-        rank2 = cell["powersgd rank=2"]
-        assert rank2["seeds"] == [1, 2] and rank2["settings"]["compressor_options"] == [["rank", 2]]
-        assert rank2["compression_configs"] == [hvm.Compression.powersgd(rank=2).config()] * 2
-        for target in ("0.8", "0.85"):
-            got = rank2["time_to"][target]
-            fastest = got["min"] if got["reached"] else float("inf")
-            assert micro["time_to"][target]["max"] < fastest, target
+    assert rank2["seeds"] == [1, 2] and rank2["settings"]["compressor_options"] == [["rank", 2]]
+    assert rank2["compression_configs"] == [hvm.Compression.powersgd(rank=2).config()] * 2
+    # First on every seed, at both targets, against every method; the one exception is
+    # PowerSGD rank 4 to 80 % on seed 1, by less than the time between two evaluations.
+    (behind,) = not_first(cell)
+    assert behind[:3] == ("powersgd rank=4", "1", "0.8") and behind[3] < 0.5
+    if hosts == 8:
+        m, r = micro["seed_times"], rank2["seed_times"]
+        assert ("Against rank 2 MiCRO was first to both on each seed (to 80 %: "
+                f"{m['1']['0.8']:.1f} vs {r['1']['0.8']:.1f} s on seed 1, {m['2']['0.8']:.1f} vs "
+                f"{r['2']['0.8']:.1f} s on seed 2)"
+                ) in " ".join((ROOT / "BENCHMARKS.md").read_text().split())
 
     text = table((ROOT / "BENCHMARKS.md").read_text(), f"| n = {hosts}, 1 Gbit/s | MiCRO d = 0.001")
     for target, label in (("0.8", "time to 80 %, s"), ("0.85", "time to 85 %, s")):
@@ -506,36 +531,23 @@ def test_time_to_accuracy_at_100mbit_and_10gbit_is_the_defaults_run():
     fast = DEFAULTS["time_to_accuracy_n4_10gbit"]["rows"]
     cut = slow["none (30 iterations)"]
     for method in [*slow.values(), *fast.values()]:
-        options = [["rank", 4]] if method["method"] == "powersgd" else []
+        options = (method["settings"]["compressor_options"][:1]
+                   if method["method"] == "powersgd" else [])
+        assert options in ([], [["rank", 2]], [["rank", 4]])
         assert method["settings"] == {**UNSET, "compressor_options": options}, method
         assert method["optimizer"]["fused_sgd"] and method["world_size"] == 4
         assert method["epochs"] == 1
     assert slow["micro d=0.001"]["compression_configs"] == [shipped(0.001)] * 2
     assert fast["micro d=0.001"]["compression_configs"] == [shipped(0.001)] * 2
     assert slow["micro d=0.001"]["seeds"] == slow["powersgd rank=4"]["seeds"] == [1, 2]
+    assert slow["powersgd rank=2"]["seeds"] == [1, 2]
+    assert slow["powersgd rank=2"]["compression_configs"] == [
+        hvm.Compression.powersgd(rank=2).config()] * 2
     assert cut["iterations"] == 30 and cut["compression_configs"] == [None]
 
-    # First on every seed: MiCRO's slowest seed before every other row's fastest.
-    def span(row, target):
-        got = row["time_to"][target]
-        assert got["reached"] in (0, got["runs"]), (row["method"], target)
-        return (got["min"], got["max"]) if got["reached"] else (float("inf"),) * 2
-    for target in ("0.8", "0.85"):
-        worst = span(slow["micro d=0.001"], target)[1]
-        assert worst < float("inf")
-        for label, other in slow.items():
-            if label != "micro d=0.001":
-                assert worst < span(other, target)[0], (label, target)
-    # At 10 Gbit/s seed by seed (the same data order): MiCRO before every other method.
-    micro_times = fast["micro d=0.001"]["seed_times"]
-    assert set(micro_times) == {"1", "2"}
-    for label, other in fast.items():
-        if label == "micro d=0.001":
-            continue
-        for seed, times in other["seed_times"].items():
-            for target in ("0.8", "0.85"):
-                theirs = float("inf") if times[target] is None else times[target]
-                assert micro_times[seed][target] < theirs, (label, seed, target)
+    # First on every seed, seed by seed (the same data order), against every method.
+    assert not_first(slow) == [] and not_first(fast) == []
+    assert set(fast["micro d=0.001"]["seed_times"]) == {"1", "2"}
     evals = cut["evaluations"]
     assert evals[-1]["iteration"] == 30 and all(e["test_accuracy"] < 0.8 for e in evals)
     assert evals[-1]["train_time"] > slow["micro d=0.001"]["time_to"]["0.85"]["max"]
@@ -548,15 +560,18 @@ def test_time_to_accuracy_at_100mbit_and_10gbit_is_the_defaults_run():
     assert row(text, rows[0].split("|")[1].strip()) == [
         f"**{both(slow['micro d=0.001'])}**", both(slow["powersgd rank=4"]),
         f"neither by {evals[-1]['train_time']:.0f} s ({100 * evals[-1]['test_accuracy']:.2f} % at "
-        f"iteration {evals[-1]['iteration']})", both(slow["topk d=0.001"])]
+        f"iteration {evals[-1]['iteration']})", both(slow["topk d=0.001"]),
+        both(slow["powersgd rank=2"])]
     assert row(text, rows[2].split("|")[1].strip()) == [
-        f"**{both(fast['micro d=0.001'])}**", both(fast["powersgd rank=4"]), both(fast["none"]), ""]
+        f"**{both(fast['micro d=0.001'])}**", both(fast["powersgd rank=4"]), both(fast["none"]),
+        "", ""]
     ms = [f"{1e3 * r['iteration_time_mean']:,.0f}" for r in
-          (slow["micro d=0.001"], slow["powersgd rank=4"], cut, slow["topk d=0.001"])]
+          (slow["micro d=0.001"], slow["powersgd rank=4"], cut, slow["topk d=0.001"],
+           slow["powersgd rank=2"])]
     assert rows[1].strip("|").split("|")[1:] == [f" {m} " for m in ms]
     fast_ms = [f"{1e3 * fast[k]['iteration_time_mean']:,.0f}"
                for k in ("micro d=0.001", "powersgd rank=4", "none")]
-    assert rows[3].strip("|").split("|")[1:] == [f" {m} " for m in fast_ms] + [" "]
+    assert rows[3].strip("|").split("|")[1:] == [f" {m} " for m in fast_ms] + [" ", " "]
     sooner = (fast["none"]["time_to"]["0.85"]["mean"]
               / fast["micro d=0.001"]["time_to"]["0.85"]["mean"])
     slower = fast["none"]["iteration_time_mean"] / fast["micro d=0.001"]["iteration_time_mean"]

@@ -100,6 +100,8 @@ def test_report_states_bytes_targets_and_figures(bench):
     for row in cell.values():
         first = read(Path(row["dirs"][0]) / "evals.jsonl")[0]["train_time"]
         assert row["time_to"]["0"]["mean"] == pytest.approx(first)
+        assert row["seed_times"]["1"]["0"] == pytest.approx(first)  # seed by seed as well
+        assert row["seed_times"]["1"]["1.01"] is None
         assert row["time_to"]["1.01"]["mean"] is None
         assert row["seeds"] == [1]
         assert row["equal_epochs"] == 2
