@@ -497,6 +497,18 @@ def test_time_to_accuracy_on_emulated_hosts_is_the_defaults_run(hosts):
     # PowerSGD rank 4 to 80 % on seed 1, by less than the time between two evaluations.
     (behind,) = not_first(cell)
     assert behind[:3] == ("powersgd rank=4", "1", "0.8") and behind[3] < 0.5
+    # docs/benchmarks.md's bullet for the cell: its seconds.
+    def mean(m, target):
+        return f"{m['time_to'][target]['mean']:.0f}"
+    seeds = micro["seed_times"]
+    one = "" if hosts == 4 else ", one seed"
+    top = f", Top-k {mean(cell['topk d=0.001'], '0.8')}" if hosts == 4 else ""
+    page = " ".join((ROOT / "docs" / "benchmarks.md").read_text().split())
+    assert (f"({mean(micro, '0.85')} s, seeds {seeds['1']['0.85']:.0f} and "
+            f"{seeds['2']['0.85']:.0f} s; PowerSGD {mean(powersgd, '0.85')} s, dense "
+            f"{mean(dense, '0.85')} s{one}") in page
+    assert (f"To 80 % it took {mean(micro, '0.8')} s (PowerSGD {mean(powersgd, '0.8')}, dense "
+            f"{mean(dense, '0.8')}{top})") in page
     if hosts == 8:
         m, r = micro["seed_times"], rank2["seed_times"]
         assert ("Against rank 2 MiCRO was first to both on each seed (to 80 %: "
@@ -668,3 +680,27 @@ def test_main_job_on_loopback_ranks_is_the_defaults_run():
     choosing = (ROOT / "docs" / "choosing.md").read_text()
     assert (f"MiCRO's iteration {ratios[0]}, {ratios[1]} and {ratios[2]} dense's at 2, 4 and 8 "
             "ranks (defaults)") in choosing
+
+
+def test_stale_selection_points():
+    """BENCHMARKS.md's cost of choosing each part's coordinates a step ahead: the points
+    against the defaults, seed by seed, from the runs in scaling-others.json."""
+    runs = OTHERS["stale_selection"]["runs"]
+    final = {(r["method"], r["n"], r["seed"], r["optimizer"]): 100 * r["final_metric"]
+             for r in runs}
+    # The step-ahead variant differs from the defaults in its method's name only.
+    assert all(r["compression_config"] == {**shipped(0.01), "method": r["method"]}
+               for r in runs)
+
+    def points(n, seed, optimizer="nesterov"):
+        return (final[("micro_stale", n, seed, optimizer)]
+                - final[("micro", n, seed, optimizer)])
+    middle = [points(n, s) for n in (3, 4, 6, 8) for s in (1, 2)]
+    adamw = [points(n, 1, "adamw") for n in (4, 8, 16)]
+
+    def pair(n):
+        return f"{points(n, 1):.2f} / {points(n, 2):.2f}"
+    text = " ".join((ROOT / "BENCHMARKS.md").read_text().split())
+    assert (f"n = 2 {pair(2)}, 3-8 {max(middle):.2f} to {min(middle):.2f}, 12 {pair(12)}, "
+            f"16 {pair(16)}; AdamW at 4-16 (the earlier plain square) +{min(adamw):.2f} to "
+            f"+{max(adamw):.2f}") in text
