@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 from pathlib import Path
 
 import pytest
@@ -114,6 +115,12 @@ def seconds_to(method: dict, target: str) -> str:
     return f"{s['mean']:.0f} ({s['min']:.0f}-{s['max']:.0f})"
 
 
+def prose(*path: str) -> str:
+    """A page of the repository with its whitespace collapsed, so that a claim quoted by a
+    test matches however the page wraps it."""
+    return " ".join(ROOT.joinpath(*path).read_text().split())
+
+
 def table(text: str, header: str) -> str:
     """The table whose header row starts with ``header``, up to the blank line after it."""
     start = text.index(header)
@@ -159,7 +166,7 @@ def test_docs_accuracy_table():
     longer = {r["method"]: percent(r) for r in RUNS
               if r["n"] == 8 and r["epochs"] == 12 and r["seed"] == 1
               and r.get("model", "fmnist_mlp") == "fmnist_mlp"}
-    page = " ".join((ROOT / "docs" / "benchmarks.md").read_text().split())
+    page = prose("docs", "benchmarks.md")
     assert (f"At n = 8 for 12 epochs MiCRO ends at {longer['micro']} % "
             f"(dense {longer['dense']} %)") in page
     for n, epochs in LARGE.items():
@@ -187,7 +194,7 @@ def test_readme_headline_is_the_defaults_real_rank_run():
     set) and dense (``none``) in one run, 2 seeds; the bytes are the busiest rank's."""
     runs = DEFAULTS["real_ranks_n8"]
     by = {(r["method"], r["seed"]): r for r in runs if r["ranks"] == 8 and r["epochs"] == 3}
-    text = " ".join((ROOT / "README.md").read_text().split())
+    text = prose("README.md")
     micro = [f"{100 * by[('micro', s)]['final_accuracy']:.2f} %" for s in (1, 2)]
     dense = [f"{100 * by[('none', s)]['final_accuracy']:.2f} %" for s in (1, 2)]
     assert f"**{micro[0]} and {micro[1]}** test accuracy with MiCRO's defaults" in text
@@ -201,9 +208,9 @@ def test_readme_headline_is_the_defaults_real_rank_run():
     assert cells[2] == f"{by[('micro', 1)]['bytes_per_iteration'] / 1000:.1f} KB"
     for run in by.values():
         configured_as_shipped(run)
-    index = " ".join((ROOT / "docs" / "index.md").read_text().split())
+    index = prose("docs", "index.md")
     assert f"ends at {micro[0]} and {micro[1]} test accuracy with MiCRO's defaults" in index
-    page = " ".join((ROOT / "docs" / "benchmarks.md").read_text().split())
+    page = prose("docs", "benchmarks.md")
     assert (f"the defaults against dense in one run: MiCRO {micro[0]} and {micro[1]} at "
             f"{by[('micro', 1)]['bytes_per_iteration'] / 1000:.1f} KB per rank per step, "
             f"dense {dense[0]} and {dense[1]}") in page
@@ -255,7 +262,7 @@ def test_time_to_accuracy_n2_is_the_defaults_run():
     faster = f"{dense['iteration_time_mean'] / micro['iteration_time_mean']:.1f}x"
     assert f"MiCRO's iteration (d = 0.001) {faster} faster than dense's" in choosing
     assert f"its iteration is {faster} faster than dense's (means)" in " ".join(benchmarks.split())
-    docs = " ".join((ROOT / "docs" / "benchmarks.md").read_text().split())
+    docs = prose("docs", "benchmarks.md")
     assert (f"Its iteration is {faster} faster than dense's "
             f"({1e3 * micro['iteration_time_mean']:.0f} vs "
             f"{1e3 * dense['iteration_time_mean']:.0f} ms)") in docs
@@ -384,11 +391,11 @@ def test_lenet_diagnosis_figures():
     magnitude = runs[("micro:judge='magnitude'", 8)]
     assert magnitude["compression_config"] == hvm.Compression.micro(
         density=0.01, judge="magnitude").config() != shipped(0.01)
-    prose = " ".join((ROOT / "BENCHMARKS.md").read_text().split())
+    said = prose("BENCHMARKS.md")
     assert (f"at n = 4 dense {percent(runs[('dense', 4)])} %, "
             f"MiCRO {percent(runs[('micro', 4)])} %; "
             f"at n = 8 the magnitude judge gives {percent(magnitude)} % and gTop-k (a global "
-            f"choice, masking on) {percent(runs[('gtopk:momentum_masking=True', 8)])} %") in prose
+            f"choice, masking on) {percent(runs[('gtopk:momentum_masking=True', 8)])} %") in said
     # the global choice at the same density trains as dense does; MiCRO's owners do not
     dense8 = simulated("dense", "fmnist_lenet", "nesterov", 8, 1)["final_accuracy"]
     assert runs[("gtopk:momentum_masking=True", 8)]["final_accuracy"] > dense8
@@ -407,10 +414,10 @@ def test_digits_masking_figures():
     assert all(r["compression_config"]["momentum_masking"] is True
                for r in OTHERS["digits_masking_on"]["runs"])
     seeds = {m: " / ".join(by[m][s] for s in (1, 2)) for m in by}
-    prose = " ".join((ROOT / "BENCHMARKS.md").read_text().split())
+    said = prose("BENCHMARKS.md")
     assert (f"dense {seeds['none']} %, MiCRO {seeds['micro']} %, MiCRO with the buffer always "
-            f"cleared {seeds['micro --momentum-masking on']} %") in prose
-    methods = " ".join((ROOT / "docs" / "methods.md").read_text().split())
+            f"cleared {seeds['micro --momentum-masking on']} %") in said
+    methods = prose("docs", "methods.md")
     assert (f"seeds 1 / 2: {seeds['micro']} % unmasked, {seeds['micro --momentum-masking on']} % "
             f"cleared; dense {seeds['none']} %") in methods
     assert set(cleared) == {1, 2}
@@ -431,7 +438,7 @@ def test_which_method_row_for_many_ranks():
     def span(runs):
         sizes = sorted(r["bytes_per_step"] / 1000 for r in runs)
         return f"{sizes[0]:,.0f}-{sizes[-1]:,.0f} KB"
-    text = " ".join((ROOT / "BENCHMARKS.md").read_text().split())
+    text = prose("BENCHMARKS.md")
     assert (f"within 1 point of dense's accuracy or above it from n = 2 to 64, at "
             f"{span([m for m, _ in pairs]).removesuffix(' KB')} KB per rank per step "
             f"(dense {span([d for _, d in pairs])})") in text
@@ -440,7 +447,7 @@ def test_which_method_row_for_many_ranks():
 def test_docs_page_prose_figures():
     """The docs' benchmarks page, under its accuracy table: the second seed, the range off
     the table's n and the gaps with other optimizers and models, from the same runs."""
-    page = " ".join((ROOT / "docs" / "benchmarks.md").read_text().split())
+    page = prose("docs", "benchmarks.md")
 
     def nesterov(method, n, seed):
         return simulated(method, "fmnist_mlp", "nesterov", n, seed)
@@ -468,7 +475,7 @@ def test_docs_page_prose_figures():
     assert long["micro"]["iterations"] == 4 * simulated("micro", "text_transformer", "adamw", 8,
                                                         1)["iterations"]
     assert f"4x longer at a {above:.0f} % higher one" in page
-    choosing = " ".join((ROOT / "docs" / "choosing.md").read_text().split())
+    choosing = prose("docs", "choosing.md")
     assert (f"{100 * (loss['micro'] / loss['dense'] - 1):.0f} % above dense's after 384 steps "
             f"and {above:.0f} % above after {long['micro']['iterations']:,}") in choosing
 
@@ -503,7 +510,7 @@ def test_time_to_accuracy_on_emulated_hosts_is_the_defaults_run(hosts):
     seeds = micro["seed_times"]
     one = "" if hosts == 4 else ", one seed"
     top = f", Top-k {mean(cell['topk d=0.001'], '0.8')}" if hosts == 4 else ""
-    page = " ".join((ROOT / "docs" / "benchmarks.md").read_text().split())
+    page = prose("docs", "benchmarks.md")
     assert (f"({mean(micro, '0.85')} s, seeds {seeds['1']['0.85']:.0f} and "
             f"{seeds['2']['0.85']:.0f} s; PowerSGD {mean(powersgd, '0.85')} s, dense "
             f"{mean(dense, '0.85')} s{one}") in page
@@ -514,7 +521,7 @@ def test_time_to_accuracy_on_emulated_hosts_is_the_defaults_run(hosts):
         assert ("Against rank 2 MiCRO was first to both on each seed (to 80 %: "
                 f"{m['1']['0.8']:.1f} vs {r['1']['0.8']:.1f} s on seed 1, {m['2']['0.8']:.1f} vs "
                 f"{r['2']['0.8']:.1f} s on seed 2)"
-                ) in " ".join((ROOT / "BENCHMARKS.md").read_text().split())
+                ) in prose("BENCHMARKS.md")
 
     text = table((ROOT / "BENCHMARKS.md").read_text(), f"| n = {hosts}, 1 Gbit/s | MiCRO d = 0.001")
     for target, label in (("0.8", "time to 80 %, s"), ("0.85", "time to 85 %, s")):
@@ -525,9 +532,9 @@ def test_time_to_accuracy_on_emulated_hosts_is_the_defaults_run(hosts):
     over_powersgd = (f"{powersgd['time_to']['0.85']['mean'] / micro['time_to']['0.85']['mean']:.2f}"
                      "x")
     claim = f"85 % {over_dense} sooner than dense, {over_powersgd} sooner than PowerSGD rank 4"
-    assert claim in " ".join((ROOT / "BENCHMARKS.md").read_text().split())
+    assert claim in prose("BENCHMARKS.md")
     for page in ("choosing.md", "benchmarks.md"):
-        text_of = " ".join((ROOT / "docs" / page).read_text().split())
+        text_of = prose("docs", page)
         assert (f"reached 85 % {over_dense} sooner than dense and {over_powersgd} sooner than "
                 "PowerSGD rank 4") in text_of.replace("**", ""), page
     assert row(text, "ms per iteration, mean") == [
@@ -536,9 +543,9 @@ def test_time_to_accuracy_on_emulated_hosts_is_the_defaults_run(hosts):
     slow_micro, fast_powersgd = micro["time_to"]["0.8"]["max"], powersgd["time_to"]["0.8"]["min"]
     tie = f"{slow_micro - fast_powersgd:.1f} s sooner"
     assert slow_micro > fast_powersgd and slow_micro - fast_powersgd < 0.5
-    prose = " ".join((ROOT / "BENCHMARKS.md").read_text().split())
-    assert f"PowerSGD rank 4 {tie} ({fast_powersgd:.1f} vs {slow_micro:.1f} s" in prose
-    docs = " ".join((ROOT / "docs" / "benchmarks.md").read_text().split())
+    said = prose("BENCHMARKS.md")
+    assert f"PowerSGD rank 4 {tie} ({fast_powersgd:.1f} vs {slow_micro:.1f} s" in said
+    docs = prose("docs", "benchmarks.md")
     assert f"on one seed PowerSGD was {tie}" in docs
 
 
@@ -595,15 +602,15 @@ def test_time_to_accuracy_at_100mbit_and_10gbit_is_the_defaults_run():
     sooner = (fast["none"]["time_to"]["0.85"]["mean"]
               / fast["micro d=0.001"]["time_to"]["0.85"]["mean"])
     slower = fast["none"]["iteration_time_mean"] / fast["micro d=0.001"]["iteration_time_mean"]
-    prose = " ".join((ROOT / "BENCHMARKS.md").read_text().split())
+    said = prose("BENCHMARKS.md")
     assert (f"At 10 Gbit/s it was first on each seed too and reached 85 % {sooner:.2f}x sooner "
-            "than dense") in prose
-    assert f"({fast_ms[2]} against {fast_ms[0]} ms an iteration)" in prose
-    choosing = " ".join((ROOT / "docs" / "choosing.md").read_text().split())
+            "than dense") in said
+    assert f"({fast_ms[2]} against {fast_ms[0]} ms an iteration)" in said
+    choosing = prose("docs", "choosing.md")
     assert (f"MiCRO's defaults reached 85 % {sooner:.2f}x sooner than dense (two seeds), whose "
             f"iteration (a 51 MB allreduce summed by 2 shared CPU cores) took {slower:.1f}x "
             "MiCRO's") in choosing
-    readme = " ".join((ROOT / "README.md").read_text().split())
+    readme = prose("README.md")
     assert ("On 2, 4 and 8 emulated hosts at 1 Gbit/s and on 4 at 100 Mbit/s and 10 Gbit/s MiCRO's "
             "defaults reached 85 % first") in readme
 
@@ -611,7 +618,7 @@ def test_time_to_accuracy_at_100mbit_and_10gbit_is_the_defaults_run():
 def test_readme_accuracy_claim():
     """The README's accuracy claim under its headline: Nesterov at or above dense from 2 to 16
     (both seeds) and at 64, the gap at 32; AdamW's gaps at 3-8, 12 and 16 workers."""
-    readme = " ".join((ROOT / "README.md").read_text().split())
+    readme = prose("README.md")
     assert_nesterov_at_or_above_dense()
     assert capped("micro", 64)["final_accuracy"] >= capped("dense", 64)["final_accuracy"]
     below = 100 * (capped("dense", 32)["final_accuracy"] - capped("micro", 32)["final_accuracy"])
@@ -633,7 +640,7 @@ def test_choosing_density_figure():
         assert run["epochs"] == 3 and run.get("model", "fmnist_mlp") == "fmnist_mlp"
     gap = max(100 * (runs[("dense", s)]["final_accuracy"] - runs[("micro", s)]["final_accuracy"])
               for s in (1, 2))
-    page = " ".join((ROOT / "docs" / "choosing.md").read_text().split())
+    page = prose("docs", "choosing.md")
     assert (f"gave d = 0.001 within {gap:.1f} points of dense "
             f"({percent(runs[('micro', 1)])} / {percent(runs[('micro', 2)])} % against "
             f"{percent(runs[('dense', 1)])} / {percent(runs[('dense', 2)])} %)") in page
@@ -650,7 +657,7 @@ def test_powersgd_was_never_first_but_for_two_ties():
     assert set(behind) == {("n4_1gbit", "powersgd rank=4", "1", "0.8"),
                            ("n8_1gbit", "powersgd rank=4", "1", "0.8")}
     assert max(behind.values()) < 0.5
-    page = " ".join((ROOT / "docs" / "benchmarks.md").read_text().split())
+    page = prose("docs", "benchmarks.md")
     assert ("PowerSGD at rank 2 and at rank 4 was never first to 85 % (2, 4 and 8 hosts at 1 "
             "Gbit/s, 4 at 100 Mbit/s); to 80 % rank 4 was first on one seed of 4 and of 8 hosts "
             "at 1 Gbit/s, by under half a second, and rank 2 on none") in page
@@ -660,7 +667,6 @@ def test_main_job_on_loopback_ranks_is_the_defaults_run():
     """The iteration times of the main job on 2, 4 and 8 Gloo ranks and 8 MPI ranks: MiCRO's
     runs recorded the shipped configuration, and BENCHMARKS.md and the which-method page
     quote those runs' medians."""
-    import statistics
     data = json.loads((ROOT / "bench" / "results" / "iteration-ranks.json").read_text())
     cells = [data["by_ranks"][n] for n in ("2", "4", "8")] + [data["mpi"]["8"]]
     assert [c["backend"] for c in cells] == ["gloo"] * 3 + ["mpi"]
@@ -673,7 +679,7 @@ def test_main_job_on_loopback_ranks_is_the_defaults_run():
                         for v in ("dense", "micro")])
     dense, micro = zip(*medians)
     ratios = [f"{m / d:.2f}x" for d, m in medians]
-    text = " ".join((ROOT / "BENCHMARKS.md").read_text().split())
+    text = prose("BENCHMARKS.md")
     assert (f"dense {dense[0]:.1f} / {dense[1]:.1f} / {dense[2]:.1f} ms at 2 / 4 / 8 ranks, MiCRO "
             f"{micro[0]:.1f} / {micro[1]:.1f} / {micro[2]:.1f} ms ({' / '.join(ratios[:3])}); "
             f"MPI at 8: {dense[3]:.1f} and {micro[3]:.1f} ms ({ratios[3]})") in text
@@ -700,7 +706,7 @@ def test_stale_selection_points():
 
     def pair(n):
         return f"{points(n, 1):.2f} / {points(n, 2):.2f}"
-    text = " ".join((ROOT / "BENCHMARKS.md").read_text().split())
+    text = prose("BENCHMARKS.md")
     assert (f"n = 2 {pair(2)}, 3-8 {max(middle):.2f} to {min(middle):.2f}, 12 {pair(12)}, "
             f"16 {pair(16)}; AdamW at 4-16 (the earlier plain square) +{min(adamw):.2f} to "
             f"+{max(adamw):.2f}") in text
@@ -718,15 +724,13 @@ def test_adamw_at_16_workers_diagnosis():
     dense3, dense9 = got[("dense", 0.01, 3.0)], got[("dense", 0.01, 9.0)]
     dense_micro, long_micro = got[("micro", 0.05, 3.0)], got[("micro", 0.01, 9.0)]
     gtopk = got[("gtopk:momentum_masking=True", 0.01, 3.0)]
-    shipped_gap = dense3 - next(r["final_metric"] * 100 for r in DEFAULTS["runs"]
-                                if r["method"] == "micro" and r["n"] == 16 and r["seed"] == 1
-                                and r["optimizer"] == "adamw" and r["model"] == "fmnist_mlp")
+    shipped_gap = dense3 - 100 * simulated("micro", "fmnist_mlp", "adamw", 16, 1)["final_metric"]
     assert dense3 - dense_micro < 1.0 and dense9 - long_micro < 1.0 < shipped_gap
     assert gtopk < dense3 - shipped_gap  # the global choice is no better than the owner's
-    text = " ".join((ROOT / "BENCHMARKS.md").read_text().split())
+    text = prose("BENCHMARKS.md")
     assert (f"AdamW at n = 16, seed 1: MiCRO at d = 0.05 {dense_micro:.2f} % (dense {dense3:.2f} "
             f"%), over 9 epochs {long_micro:.2f} % (dense {dense9:.2f} %), gTop-k (masking on) "
             f"{gtopk:.2f} %") in text
-    choosing = " ".join((ROOT / "docs" / "choosing.md").read_text().split())
+    choosing = prose("docs", "choosing.md")
     assert (f"d = 0.05 ({dense3 - dense_micro:.2f} below) or a 3x longer run "
             f"({dense9 - long_micro:.2f} below) closes most of it") in choosing
