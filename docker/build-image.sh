@@ -98,9 +98,6 @@ if [ -n "$CERT" ] && [ -f "$CERT" ]; then
 fi
 
 # ---- the base image --------------------------------------------------------------------
-debian_codename() {
-    (. /etc/os-release 2>/dev/null && printf '%s' "${VERSION_CODENAME:-}") || true
-}
 # The Debian mirror that this machine's apt sources name for its own release.
 debian_mirror() {
     local codename="$1" site
@@ -149,9 +146,6 @@ pull_base() {
     fi
 }
 
-CODENAME="$(debian_codename)"
-CODENAME="${CODENAME:-bookworm}"
-LOCAL_BASE="localhost/horovod-micro-base:$CODENAME"
 if [ "$VARIANT" = gpu ] && [ "$HVM_BUILDER" = docker ] && [ -z "${HVM_BASE_IMAGE:-}" ]; then
     BASE="the Dockerfile's CUDA_IMAGE"  # a CUDA devel base brings nvcc itself
 elif [ -n "${HVM_BASE_IMAGE:-}" ]; then

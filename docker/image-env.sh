@@ -57,6 +57,12 @@ if [ "$HVM_BUILDER" = buildah ]; then
     fi
 fi
 
+# This machine's Debian release (bookworm when it names none), and the local base image
+# that `make image` debootstraps from it when no registry base is at hand.
+CODENAME="$( (. /etc/os-release 2>/dev/null && printf '%s' "${VERSION_CODENAME:-}") || true)"
+CODENAME="${CODENAME:-bookworm}"
+LOCAL_BASE="localhost/horovod-micro-base:$CODENAME"
+
 # True when the image exists in the builder's storage.
 image_exists() {
     if [ "$HVM_BUILDER" = docker ]; then

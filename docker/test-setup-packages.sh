@@ -12,8 +12,7 @@ REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # shellcheck source=docker/image-env.sh
 . "$REPO/docker/image-env.sh"
 
-CODENAME="$( (. /etc/os-release 2>/dev/null && printf '%s' "${VERSION_CODENAME:-}") || true)"
-BASE="${HVM_BASE_IMAGE:-localhost/horovod-micro-base:${CODENAME:-bookworm}}"
+BASE="${HVM_BASE_IMAGE:-$LOCAL_BASE}"
 image_exists "$BASE" || BASE="${HVM_REGISTRY_BASE:-ubuntu:24.04}"
 image_exists "$BASE" || { log "no base image: run make image first"; exit 1; }
 
