@@ -686,6 +686,8 @@ def test_main_job_on_loopback_ranks_is_the_defaults_run():
     choosing = (ROOT / "docs" / "choosing.md").read_text()
     assert (f"MiCRO's iteration {ratios[0]}, {ratios[1]} and {ratios[2]} dense's at 2, 4 and 8 "
             "ranks (defaults)") in choosing
+    assert (f"MiCRO's iteration {', '.join(ratios[:3])} dense's at 2, 4, 8 ranks (defaults)"
+            ) in text  # the which-method table of BENCHMARKS.md
 
 
 def test_stale_selection_points():
