@@ -179,8 +179,9 @@ class MicroCompressor(Compressor):
     ``judge="magnitude", momentum_masking=False`` runs MiCRO as published. Under a byte
     budget, ``fp16_values=True`` with 1.5x the density sends what float32 values send at
     the density alone (per coordinate, a 4-byte index and a 4-byte value that the ring
-    allreduce sends twice: 12 bytes; with float16 values, 8). With Adam or AdamW at 12 or more workers, where each coordinate arrives only a few
-    times in a short run, the extra coordinates are worth more than the values' precision.
+    allreduce sends twice: 12 bytes; with float16 values, 8). With Adam or AdamW at 12 or
+    more workers, where each coordinate arrives only a few times in a short run, the extra
+    coordinates are worth more than the values' precision.
 
     Example::
 
