@@ -508,12 +508,11 @@ def test_time_to_accuracy_on_emulated_hosts_is_the_defaults_run(hosts):
     def mean(m, target):
         return f"{m['time_to'][target]['mean']:.0f}"
     seeds = micro["seed_times"]
-    one = "" if hosts == 4 else ", one seed"
     top = f", Top-k {mean(cell['topk d=0.001'], '0.8')}" if hosts == 4 else ""
     page = prose("docs", "benchmarks.md")
     assert (f"({mean(micro, '0.85')} s, seeds {seeds['1']['0.85']:.0f} and "
             f"{seeds['2']['0.85']:.0f} s; PowerSGD {mean(powersgd, '0.85')} s, dense "
-            f"{mean(dense, '0.85')} s{one}") in page
+            f"{mean(dense, '0.85')} s)") in page
     assert (f"To 80 % it took {mean(micro, '0.8')} s (PowerSGD {mean(powersgd, '0.8')}, dense "
             f"{mean(dense, '0.8')}{top})") in page
     if hosts == 8:
