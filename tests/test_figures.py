@@ -566,7 +566,9 @@ def test_time_to_accuracy_at_100mbit_and_10gbit_is_the_defaults_run():
     assert slow["micro d=0.001"]["compression_configs"] == [shipped(0.001)] * 2
     assert fast["micro d=0.001"]["compression_configs"] == [shipped(0.001)] * 2
     assert slow["micro d=0.001"]["seeds"] == slow["powersgd rank=4"]["seeds"] == [1, 2]
-    assert slow["powersgd rank=2"]["seeds"] == [1, 2]
+    assert slow["powersgd rank=2"]["seeds"] == slow["topk d=0.001"]["seeds"] == [1, 2]
+    assert slow["topk d=0.001"]["compression_configs"] == [
+        hvm.Compression.topk(density=0.001).config()] * 2
     assert slow["powersgd rank=2"]["compression_configs"] == [
         hvm.Compression.powersgd(rank=2).config()] * 2
     assert cut["iterations"] == 30 and cut["compression_configs"] == [None]
