@@ -513,7 +513,7 @@ def test_time_to_accuracy_on_emulated_hosts_is_the_defaults_run(hosts):
     seeds = micro["seed_times"]
     top = f", Top-k {mean(topk, '0.8')}"
     top85 = ("not within its epoch" if topk["time_to"]["0.85"]["mean"] is None
-             else f"{mean(topk, '0.85')} s)")
+             else f"{mean(topk, '0.85')} s")
     page = prose("docs", "benchmarks.md")
     assert (f"({mean(micro, '0.85')} s, seeds {seeds['1']['0.85']:.0f} and "
             f"{seeds['2']['0.85']:.0f} s; PowerSGD {mean(powersgd, '0.85')} s, dense "
@@ -813,9 +813,9 @@ def test_adam_at_the_same_bytes():
     pct = {k: f"{100 * r['final_metric']:.2f}" for k, r in fp16.items()}
     by_n = ", ".join(f"{pct[('adamw', 'fmnist_mlp', n, 1)]} / {pct[('adamw', 'fmnist_mlp', n, 2)]}"
                      f" % at {'n = ' if n == 4 else ''}{n}" for n in (4, 8, 12, 16))
-    text = fp16[("adamw", "text_transformer", 8, 1)]["final_metric"]
+    loss = fp16[("adamw", "text_transformer", 8, 1)]["final_metric"]
     assert (f"AdamW {by_n}, Adam {pct[('adam', 'fmnist_mlp', 16, 1)]} / "
-            f"{pct[('adam', 'fmnist_mlp', 16, 2)]} % at 16, the transformer {text:.3f} at 8; "
+            f"{pct[('adam', 'fmnist_mlp', 16, 2)]} % at 16, the transformer {loss:.3f} at 8; "
             f"in float32 at d = 0.02 (twice the bytes) AdamW at 16: "
             f"{100 * float32[1]['final_metric']:.2f} / {100 * float32[2]['final_metric']:.2f} %; "
             f"with Nesterov SGD no better at 16: {pct[('nesterov', 'fmnist_mlp', 16, 1)]} / "
