@@ -28,6 +28,12 @@ Per iteration ``t`` on rank ``r`` of ``n``:
    in-step by the part's owner), ``"scale"`` (the same, uncorrected), ``"newton"`` and
    ``"paper"`` (one shared threshold, :mod:`.density_controller`; "paper"
    is the authors' rule as written).
+
+Under a byte budget: ``fp16_values=True`` with 1.5x the density sends what float32 values
+send at the density alone (per coordinate, a 4-byte index and a 4-byte value that the ring
+allreduce sends twice: 12 bytes; with float16 values, 8). With Adam or AdamW on 12 or more
+workers, where each coordinate arrives only a few times in a short run, the extra
+coordinates are worth more than the values' precision; with SGD they are not.
 """
 
 from __future__ import annotations
@@ -175,13 +181,8 @@ class MicroCompressor(Compressor):
             the residual; the controller learns from the count the threshold picked.
         error_feedback, fp16_values: see :class:`~horovod_micro.compressors.base.Compressor`.
 
-    Tune: ``density`` first, and keep the defaults (drift judge, momentum masking);
-    ``judge="magnitude", momentum_masking=False`` runs MiCRO as published. Under a byte
-    budget, ``fp16_values=True`` with 1.5x the density sends what float32 values send at
-    the density alone (per coordinate, a 4-byte index and a 4-byte value that the ring
-    allreduce sends twice: 12 bytes; with float16 values, 8). With Adam or AdamW at 12 or
-    more workers, where each coordinate arrives only a few times in a short run, the extra
-    coordinates are worth more than the values' precision.
+    Tune: ``density`` first (with Adam on 12 or more workers: the module's "byte budget")
+    and keep the defaults; ``judge="magnitude", momentum_masking=False`` is MiCRO as published.
 
     Example::
 
