@@ -234,7 +234,7 @@ def test_time_to_accuracy_n2_is_the_defaults_run():
         assert method["seeds"] == [1, 2]
     recorded = [c for c in micro["compression_configs"] if isinstance(c, dict)]
     assert recorded and all(c == shipped(0.001) for c in recorded)
-    assert micro["seeds"] == dense["seeds"] == [1, 2]
+    assert micro["seeds"] == dense["seeds"] == topk["seeds"] == [1, 2]
     assert not_first(cell) == []  # first on every seed, against every method
 
     def ratio(method, target):
