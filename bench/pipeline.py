@@ -31,6 +31,24 @@ once), so their medians and paired ratios compare like with like:
   then reads another, all-zero buffer (MiCRO's output is all but k zeros). No norm, no
   selection, no bytes: what any error-feedback compressor with a free selection and a free
   exchange would still pay here;
+* ``dense``: Horovod's own ``DistributedOptimizer``, its allreduces started by backward's
+  hooks as each gradient is ready (overlapped with the rest of backward);
+* ``ahead-floor``: what an exchange whose index set was agreed a step ahead would pay
+  at least, bytes for bytes MiCRO's (no MiCRO in it): ``ef-floor``'s writes, the norm pass
+  over N, a threshold pass over the next step's part (N / n), and MiCRO's two collectives
+  with their fixed shapes: the values over every rank's slots start after backward, the
+  int32 block of the next step's indices as soon as that part is chosen; neither waits for
+  the other's result. The values are taken at a union fixed in advance. Against ``micro``
+  it shows what one dependent round trip costs; against ``dense`` whether the design could
+  match dense;
+* ``ahead-one``: ``ahead-floor`` with one collective: the next step's indices travel in
+  the value allreduce, each rank's in its own slots (zeros elsewhere, so the sum is the
+  gather; part-relative indices as float32 are exact in parts below 2**24 coordinates), at
+  twice the index bytes of a gather;
+* ``ahead-overlap``: ``ahead-one`` cut per parameter and started from backward's
+  post-accumulate hooks as each gradient is complete, each piece with its own
+  sum-of-squares word; the last also chooses the next part and carries its indices. What
+  remains after backward is the wait and the writes;
 * ``micro``: the defaults;
 * ``micro-exact``: the defaults with ``capacity="exact"``: variable-size blocks, which
   Horovod negotiates every step, against ``micro``'s fixed-shape slots;
@@ -57,6 +75,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import tempfile
@@ -74,11 +93,16 @@ VARIANTS = {
     "compute": None,
     "barrier": None,
     "ef-floor": None,
+    "dense": None,
+    "ahead-floor": None,
+    "ahead-one": None,
+    "ahead-overlap": None,
     "micro": ({}, {}),
     "micro-exact": ({}, {}, {"capacity": "exact"}),
     "micro-copy": ({"zero_copy": False}, {}),
     "micro-phases": ({}, {"HOROVOD_MICRO_SYNC_PHASES": "1"}),
 }
+AHEAD = {"ahead-floor": "two", "ahead-one": "one", "ahead-overlap": "overlap"}
 SPARSE = [label for label, spec in VARIANTS.items() if spec is not None]
 POOL = 64  # random batches cycled per iteration (bench.common.random_batches)
 PHASES = ("accumulate", "status", "select", "indices", "values", "exchange_local", "update",
@@ -131,10 +155,19 @@ def worker(args) -> None:
                 else:
                     os.environ[name] = value
         runs[label] = {"model": model, "opt": opt, "batches": batches, "rows": [], "t": 0}
-        if label == "ef-floor":  # two flat buffers cut as the reducer cuts its own
+        if label == "dense":
+            opt = runs[label]["opt"] = hvd.DistributedOptimizer(
+                base, named_parameters=model.named_parameters())
+        if label in ("ef-floor", *AHEAD):  # two flat buffers cut as the reducer cuts its own
             layout = FlatLayout(list(model.named_parameters()))
-            runs[label]["grads"] = [layout.views(torch.zeros(layout.numel, device=device))
-                                    for _ in range(2)]
+            flats = [torch.zeros(layout.numel, device=device) for _ in range(2)]
+            runs[label]["grads"] = [layout.views(flat) for flat in flats]
+            runs[label]["flats"] = flats
+        if label in AHEAD:
+            ahead = runs[label]["ahead"] = AheadFloor(layout, args.density, hvd.size(),
+                                                      hvd.rank(), device, AHEAD[label])
+            if AHEAD[label] == "overlap":
+                ahead.install_hooks(layout.params, flats[0])
 
     def iteration(run, label, keep):
         model, opt = run["model"], run["opt"]
@@ -152,15 +185,17 @@ def worker(args) -> None:
             sync()
         t1 = time.perf_counter()
         sparse = label in SPARSE
-        if sparse:
+        if sparse or label == "dense":
             opt.synchronize()
+        elif label in AHEAD:
+            run["ahead"].exchange(*run["flats"], run["t"])
         elif label in ("barrier", "ef-floor"):  # what any synchronous step pays, bytes aside
             hvd.allreduce(torch.zeros(1), name="barrier")
         if "grads" in run:  # the step reads the (all-zero) output buffer
             for p, g in zip(model.parameters(), run["grads"][1]):
                 p.grad = g
         t2 = time.perf_counter()
-        if sparse:
+        if sparse or label == "dense":
             with opt.skip_synchronize():
                 opt.step()
         else:
@@ -189,6 +224,116 @@ def worker(args) -> None:
                    for label, run in runs.items()}
         Path(args.worker).write_text(json.dumps({"rows": gathered, "configs": configs}))
     hvd.shutdown()
+
+
+class AheadFloor:
+    """The ``ahead-*`` variants' exchange: MiCRO's shapes and local passes (see the
+    module docstring). ``mode``: ``"two"`` (the next indices in their own gather),
+    ``"one"`` (in the value allreduce) or ``"overlap"`` (``"one"`` cut per parameter and
+    started by backward's hooks)."""
+
+    def __init__(self, layout, density: float, size: int, rank: int, device, mode: str):
+        import torch
+
+        from horovod_micro.selection import ThresholdSelector
+
+        self.mode = mode
+        numel = layout.numel
+        k = max(1, int(density * numel))
+        self.size, self.rank = size, rank
+        self.capacity = math.ceil(1.2 * k / size)
+        # A union fixed in advance: every rank's slots full, spread over the vector.
+        generator = torch.Generator().manual_seed(0)
+        union = torch.randperm(numel, generator=generator)[:size * self.capacity]
+        self.union = union.sort().values.to(device)
+        self.block = torch.zeros(4 + self.capacity, dtype=torch.int32, device=device)
+        self.threshold = None
+        self.selector = ThresholdSelector(self.capacity)
+        # Per parameter: its range of the flat vector and the union's entries in it.
+        self.ranges = []
+        offset = 0
+        for param in layout.params:
+            end = offset + param.numel()
+            inside = self.union[(self.union >= offset) & (self.union < end)]
+            self.ranges.append((offset, end, inside))
+            offset = end
+        self.handles: dict[int, object] = {}
+        self.flat = None
+        self.step = 0
+
+    def select_next(self, residual, step: int) -> None:
+        """The next part's choice: a threshold pass over N / n (MiCRO's native kernel), its
+        part-relative indices into this rank's slots."""
+        import torch
+
+        n = residual.numel()
+        part = (step + 1 + self.rank) % self.size
+        start = part * n // self.size
+        owned = residual[start:(part + 1) * n // self.size]
+        if self.threshold is None:
+            self.threshold = float(owned.abs().max()) / 2
+        chosen = self.selector(owned, self.threshold, start, n)
+        count = min(chosen.numel(), self.capacity)
+        self.block[4:4 + count] = (chosen[:count] - start).to(torch.int32)
+        self.block[1] = count
+        # Steered towards the slots' capacity, as MiCRO's controller steers its count.
+        self.threshold *= 1.1 if chosen.numel() > self.capacity else 0.95
+
+    def slots(self, like):
+        """This rank's slots of the next indices as values, zeros in the other ranks'."""
+        import torch
+
+        slots = torch.zeros(self.size * self.capacity, dtype=like.dtype, device=like.device)
+        mine = slice(self.rank * self.capacity, (self.rank + 1) * self.capacity)
+        slots[mine] = self.block[4:].to(like.dtype)
+        return slots
+
+    def install_hooks(self, params, flat) -> None:
+        """``overlap``: each parameter's values start their allreduce as backward finishes
+        it; the last one also selects the next part and carries its indices."""
+        import horovod.torch as hvd
+        import torch
+
+        self.flat = flat
+        for i, param in enumerate(params):
+            def hook(_, i=i):
+                lo, hi, inside = self.ranges[i]
+                piece = self.flat[lo:hi]
+                parts = [self.flat.index_select(0, inside), torch.dot(piece, piece).view(1)]
+                if len(self.handles) == len(self.ranges) - 1:
+                    self.select_next(self.flat, self.step)
+                    parts.append(self.slots(piece))
+                self.handles[i] = hvd.allreduce_async(torch.cat(parts), name=f"ahead.p{i}",
+                                                      op=hvd.Sum)
+            param.register_post_accumulate_grad_hook(hook)
+
+    def exchange(self, residual, output, step: int) -> None:
+        import horovod.torch as hvd
+        import torch
+
+        if self.mode == "overlap":
+            for i, (_, _, inside) in enumerate(self.ranges):
+                summed = hvd.synchronize(self.handles.pop(i))
+                residual.index_fill_(0, inside, 0.0)
+                output.index_fill_(0, inside, 0.0)
+                output.index_copy_(0, inside, summed[:inside.numel()])
+            self.step = step + 1
+            return
+        sq_norm = torch.dot(residual, residual)  # the status word's pass over N
+        values = torch.cat([residual.index_select(0, self.union),
+                            torch.stack([sq_norm, sq_norm]).to(residual.dtype)])
+        if self.mode == "one":  # the next indices chosen first, then one collective
+            self.select_next(residual, step)
+            handles = [hvd.allreduce_async(torch.cat([values, self.slots(values)]),
+                                           name="ahead.one", op=hvd.Sum)]
+        else:  # the values travel while the next part is chosen, then its gather
+            handles = [hvd.allreduce_async(values, name="ahead.values", op=hvd.Average)]
+            self.select_next(residual, step)
+            handles.append(hvd.allgather_async(self.block, name="ahead.indices"))
+        summed = [hvd.synchronize(h) for h in handles][0][:self.union.numel()]
+        residual.index_fill_(0, self.union, 0.0)
+        output.index_fill_(0, self.union, 0.0)
+        output.index_copy_(0, self.union, summed)
 
 
 # ---------------------------------------------------------------------------- timeline
@@ -233,7 +378,7 @@ def summarise(per_rank: list[dict], variants: list[str]) -> dict:
         for key in ("backward", "sync", "step", *PHASES, "count", "max_rank"):
             if key in rows[0]:
                 summary[key] = median([row.get(key, 0.0) for row in rows])
-        for base in ("compute", "barrier"):
+        for base in ("compute", "barrier", "dense"):
             if base in totals:
                 summary[f"paired_x_{base}"] = median(
                     [a / b for a, b in zip(totals[v], totals[base])])
@@ -297,13 +442,14 @@ def main() -> None:
           "interleaved iterations, ms (total: slower rank; phases: rank 0)\n")
     cols = ("total", "compute", "backward", "sync", "step", *PHASES)
     print("| variant | " + " | ".join(cols) + " | x compute-only, paired "
-          "| x barrier, paired | global count | max rank count |")
-    print("|---|" + "---:|" * (len(cols) + 4))
+          "| x barrier, paired | x dense, paired | global count | max rank count |")
+    print("|---|" + "---:|" * (len(cols) + 5))
     for v, r in res.items():
         cells = [f"{r[c] * 1e3:.2f}" if c in r else "" for c in cols]
         print(f"| {v} | " + " | ".join(cells)
               + f" | {r.get('paired_x_compute', float('nan')):.3f} "
               f"| {r.get('paired_x_barrier', float('nan')):.3f} "
+              f"| {r.get('paired_x_dense', float('nan')):.3f} "
               f"| {r.get('count', float('nan')):.0f} | {r.get('max_rank', float('nan')):.0f} |")
     if activities:
         steps = (iters + args.warmup) * sum(1 for v in args.variants if v in SPARSE)

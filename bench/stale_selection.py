@@ -8,17 +8,28 @@ the forward pass, and the value allreduce bucket by bucket during backward, as d
 Horovod's allreduce does. The values sent stay those of ``a_t``. The price is a judgement
 one gradient old; this benchmark measures it before any rank code is written.
 
-``micro_stale`` is MiCRO with the shipped defaults except for what its owner judges: the
-residual from the step before (all zero at the first step, which therefore sends nothing).
-Both run in ``bench.scaling``'s simulator (the real reducers on loopback ranks, the same
-recipe and seeds), so each pair differs only in the judgement's age::
+Two step-ahead judges, each MiCRO with the shipped defaults except for what its owner
+judges (all zero at the first step, which therefore sends nothing):
+
+* ``micro_stale``: the residual ``e_{t-1}`` alone. A coordinate applied at step t-1 is 0
+  there on every rank, so it cannot be chosen at t: the coordinates whose gradient keeps
+  its sign, sent on most steps by the defaults, go at most every other step;
+* ``micro_ahead``: ``e_{t-1} + 2 g_{t-1}``, the previous gradient standing in for the one
+  backward has not computed yet. ``g_{t-1}`` alone is the unbiased guess of ``a_t``; counted
+  twice it ranks the steady coordinates (the ones applied a step before) higher, as the
+  defaults' own ``a_t`` does, whose largest values are its latest gradient's. A rank holds
+  ``g_{t-1}`` for the part it owns next only (N / n entries).
+
+Each runs in ``bench.scaling``'s simulator (the real reducers on loopback ranks, the same
+recipe and seeds) beside the defaults, so each pair differs only in the judgement::
 
     .venv/bin/python -m bench.stale_selection --workers 2 3 4 6 8 12 16 --seeds 1 2 \\
-        --json runs/stale-selection.json
+        --variants micro_stale micro_ahead --json runs/stale-selection.json
 
-Prints, per n and seed, the final test accuracy of both, their difference and the bytes
-each rank sends per step; with
-``--optimizer adamw`` the Adam recipe of ``bench.scaling``.
+Prints, per n, seed and variant, the final test accuracy of both, their difference and the
+bytes each rank sends per step; with ``--optimizer adamw`` the Adam recipe of
+``bench.scaling``. What the step-ahead exchange itself would cost per iteration:
+``bench.pipeline``'s ``ahead-floor`` and ``ahead-one`` variants.
 """
 
 from __future__ import annotations
@@ -58,6 +69,25 @@ class StaleMicroCompressor(MicroCompressor):
         self._before = self._acc.clone()
 
 
+@register
+class AheadMicroCompressor(StaleMicroCompressor):
+    """MiCRO whose owner chooses in ``e_{t-1} + 2 g_{t-1}`` (this rank's residual after
+    the step before, and its gradient of that step) and sends the values of ``a_t``."""
+
+    name = "micro_ahead"
+
+    def bind(self, numel, comm) -> None:
+        super().bind(numel, comm)
+        self._gradient: torch.Tensor | None = None  # g_{t-1}
+
+    def select(self, acc: torch.Tensor, iteration: int):
+        self._acc = acc
+        before = self._before if self._before is not None else torch.zeros_like(acc)
+        judged = before if self._gradient is None else before + 2 * self._gradient
+        self._gradient = acc - before  # a_t = e_{t-1} + g_t
+        return MicroCompressor.select(self, judged, iteration)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workers", type=int, nargs="+", default=[2, 3, 4, 6, 8, 12, 16])
@@ -65,33 +95,38 @@ def main() -> None:
     p.add_argument("--density", type=float, default=0.01)
     p.add_argument("--epochs", type=float, default=3)
     p.add_argument("--optimizer", choices=list(OPTIMIZERS), default="nesterov")
+    p.add_argument("--variants", nargs="+", choices=("micro_stale", "micro_ahead"),
+                   default=["micro_stale", "micro_ahead"])
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
     torch.set_num_threads(1)
     runs = json.loads(args.json.read_text())["runs"] if args.json and args.json.exists() else []
-    print("| n | seed | micro | micro_stale | stale - micro, points | KB per rank per step: "
-          "micro / stale |")
-    print("|---:|---:|---:|---:|---:|---:|")
+    print("| n | seed | variant | micro | variant's | variant - micro, points "
+          "| KB per rank per step: micro / variant's |")
+    print("|---:|---:|---|---:|---:|---:|---:|")
     for n in args.workers:
         for seed in args.seeds:
             pair = {}
-            for method in ("micro", "micro_stale"):
+            for method in ("micro", *args.variants):
                 done = [r for r in runs if (r["method"], r["n"], r["seed"], r["optimizer"])
                         == (method, n, seed, args.optimizer)]
                 if not done:
                     done = [train(method, n=n, density=args.density, epochs=args.epochs,
                                   seed=seed, optimizer=args.optimizer, report=lambda _: None)]
-                    done[0].pop("weights", None)  # the trained model's tensors
+                    for bulky in ("weights", "curve", "diagnosis"):  # as stored
+                        done[0].pop(bulky, None)
                     runs.append(done[0])
                     if args.json:
                         args.json.write_text(json.dumps({"runs": runs}))
                 pair[method] = done[0]
-            micro, stale = pair["micro"], pair["micro_stale"]
-            print(f"| {n} | {seed} | {100 * micro['final_accuracy']:.2f} % | "
-                  f"{100 * stale['final_accuracy']:.2f} % | "
-                  f"{100 * (stale['final_accuracy'] - micro['final_accuracy']):+.2f} | "
-                  f"{micro['bytes_per_step'] / 1e3:.1f} / {stale['bytes_per_step'] / 1e3:.1f} |",
-                  flush=True)
+            micro = pair["micro"]
+            for variant in args.variants:
+                stale = pair[variant]
+                print(f"| {n} | {seed} | {variant} | {100 * micro['final_accuracy']:.2f} % | "
+                      f"{100 * stale['final_accuracy']:.2f} % | "
+                      f"{100 * (stale['final_accuracy'] - micro['final_accuracy']):+.2f} | "
+                      f"{micro['bytes_per_step'] / 1e3:.1f} / "
+                      f"{stale['bytes_per_step'] / 1e3:.1f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -719,28 +719,74 @@ def test_main_job_on_loopback_ranks_is_the_defaults_run():
             f"{1e3 * micro['values']:.1f}, its local work {1e3 * local:.1f}") in text
 
 
-def test_stale_selection_points():
-    """BENCHMARKS.md's cost of choosing each part's coordinates a step ahead: the points
-    against the defaults, seed by seed, from the runs in scaling-others.json."""
+def stale_selection_sentence() -> str:
+    """BENCHMARKS.md's cost of choosing each part's coordinates a step ahead, written from
+    the runs in scaling-others.json: points against the defaults, seed by seed."""
     runs = OTHERS["stale_selection"]["runs"]
     final = {(r["method"], r["n"], r["seed"], r["optimizer"]): 100 * r["final_metric"]
              for r in runs}
-    # The step-ahead variant differs from the defaults in its method's name only.
+
+    def points(variant, n, seed, optimizer="nesterov"):
+        return (final[(variant, n, seed, optimizer)]
+                - final[("micro", n, seed, optimizer)])
+
+    def pair(variant, n):
+        return f"{points(variant, n, 1):+.2f} / {points(variant, n, 2):+.2f}"
+
+    def middle(variant):
+        cells = sorted(points(variant, n, s) for n in (3, 4, 6, 8) for s in (1, 2))
+        return f"{cells[-1]:+.2f} to {cells[0]:+.2f}"
+
+    def adamw(variant):
+        cells = sorted(points(variant, n, s, "adamw") for n in (4, 8, 16) for s in (1, 2))
+        return f"{cells[0]:+.2f} to {cells[-1]:+.2f}"
+    every = [points("micro_ahead", n, s) for n in (2, 3, 4, 6, 8, 12, 16) for s in (1, 2)]
+    return (f"in the residual `e_{{t-1}}` alone n = 2 {pair('micro_stale', 2)}, 3-8 "
+            f"{middle('micro_stale')}, 12 {pair('micro_stale', 12)}, 16 "
+            f"{pair('micro_stale', 16)} (a coordinate applied a step before is 0 there, so "
+            "the steady ones go every other step at most); in `e_{t-1} + 2 g_{t-1}` "
+            f"(`micro_ahead`) n = 2 {pair('micro_ahead', 2)}, 3-8 {middle('micro_ahead')}, "
+            f"12 {pair('micro_ahead', 12)}, 16 {pair('micro_ahead', 16)}, "
+            f"{sum(every) / len(every):+.2f} on average; AdamW at 4-16, the residual alone "
+            f"{adamw('micro_stale')}, `micro_ahead` {adamw('micro_ahead')}")
+
+
+def test_stale_selection_points():
+    """BENCHMARKS.md quotes the step-ahead judges' cost as the runs give it; every run held
+    the defaults but for its method's name, and each variant ran wherever the defaults did."""
+    runs = OTHERS["stale_selection"]["runs"]
+    # The step-ahead variants differ from the defaults in their method's name only.
     assert all(r["compression_config"] == {**shipped(0.01), "method": r["method"]}
                for r in runs)
+    cells = {(r["n"], r["seed"], r["optimizer"]) for r in runs}
+    for variant in ("micro", "micro_stale", "micro_ahead"):
+        assert {(r["n"], r["seed"], r["optimizer"]) for r in runs
+                if r["method"] == variant} == cells
+    assert stale_selection_sentence() in prose("BENCHMARKS.md")
 
-    def points(n, seed, optimizer="nesterov"):
-        return (final[("micro_stale", n, seed, optimizer)]
-                - final[("micro", n, seed, optimizer)])
-    middle = [points(n, s) for n in (3, 4, 6, 8) for s in (1, 2)]
-    adamw = [points(n, 1, "adamw") for n in (4, 8, 16)]
 
-    def pair(n):
-        return f"{points(n, 1):.2f} / {points(n, 2):.2f}"
-    text = prose("BENCHMARKS.md")
-    assert (f"n = 2 {pair(2)}, 3-8 {max(middle):.2f} to {min(middle):.2f}, 12 {pair(12)}, "
-            f"16 {pair(16)}; AdamW at 4-16 (the earlier plain square) +{min(adamw):.2f} to "
-            f"+{max(adamw):.2f}") in text
+def test_step_ahead_exchange_floors():
+    """BENCHMARKS.md's per-iteration cost of an exchange whose coordinates were agreed a
+    step ahead (bench.pipeline's ahead-* variants) against dense on 8 Gloo ranks and
+    against compute-only in the communication-bound cell, as the runs give it."""
+    data = json.loads((ROOT / "bench" / "results" / "iteration-ranks.json").read_text())
+    np8, wide = data["step_ahead"]["np8"], data["step_ahead"]["wide_mlp_1gbit"]
+    assert all(r["args"]["np"] == 8 and r["args"]["model"] == "fmnist_mlp" for r in np8)
+    assert all(r["args"]["np"] == 2 and r["args"]["model"] == "wide_mlp"
+               and r["args"]["rate"] == "1gbit" for r in wide)
+    assert all(r["summary"]["micro"]["compression_config"] == shipped(r["args"]["density"])
+               for r in np8 + wide)
+
+    def span(runs, variant, base):
+        got = sorted(r["summary"][variant][f"paired_x_{base}"] for r in runs)
+        return f"{got[0]:.2f}-{got[-1]:.2f}x"
+    variants = ("ahead-floor", "ahead-one", "ahead-overlap", "micro")
+    dense = ", ".join(span(np8, v, "dense") for v in variants)
+    compute = ", ".join(span(wide, v, "compute") for v in ("ef-floor", *variants))
+    assert (f"paired, over {len(np8)} runs of 8 Gloo ranks against dense: {dense}; over "
+            f"{len(wide)} runs of the 1 Gbit/s cell against compute-only, `ef-floor` first: "
+            f"{compute}"
+            ) in prose("BENCHMARKS.md")
 
 
 def test_adamw_at_16_workers_diagnosis():
