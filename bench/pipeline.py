@@ -63,7 +63,8 @@ once), so their medians and paired ratios compare like with like:
 synchronises the device after backward and after the step, so the columns are the
 kernels' time, not their launch.
 
-``--rate`` runs the ranks inside ``bench/netns_run.sh`` (tbf-limited loopback, as root).
+``--rate`` runs the ranks inside ``bench/netns_run.sh`` (tbf-limited loopback, as root);
+``--backend mpi`` runs them on Open MPI instead of Gloo.
 
 Results, and the machine they were measured on: BENCHMARKS.md, "Iteration time on
 rate-limited links" (where the communication-bound step goes) and "The GPU path".
@@ -394,6 +395,8 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--np", type=int, default=2)
+    ap.add_argument("--backend", choices=("gloo", "mpi"), default="gloo",
+                    help="Horovod's CPU collectives (mpi: Open MPI, ranks yield when idle)")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                     help="cuda: the model and the reducer on each rank's GPU")
@@ -421,7 +424,7 @@ def main() -> None:
         timeline = Path(tmp) / "timeline.json"
         if args.timeline:
             env["HOROVOD_TIMELINE"] = str(timeline)
-        cmd = horovodrun_cmd(args.np, "gloo", argv)
+        cmd = horovodrun_cmd(args.np, args.backend, argv)
         if args.rate:
             cmd = [str(REPO / "bench/netns_run.sh"), args.rate, "1500", *cmd]
         run_bounded(cmd, timeout=1600, env=env)
@@ -436,7 +439,8 @@ def main() -> None:
         res[v]["compression_config"] = recorded["configs"].get(v)
     iters = args.iters
     cycle = "1 (default)" if args.cycle_time_ms is None else f"{args.cycle_time_ms:g}"
-    where = "GPU (NCCL collectives)" if args.device == "cuda" else "Gloo"
+    where = ("GPU (NCCL collectives)" if args.device == "cuda"
+             else {"gloo": "Gloo", "mpi": "MPI"}[args.backend])
     print(f"# {args.model}, batch {args.batch}, d = {args.density}, {args.np} {where} ranks, link "
           f"{args.rate or 'unlimited'}, Horovod cycle time {cycle} ms; medians of {iters} "
           "interleaved iterations, ms (total: slower rank; phases: rank 0)\n")

@@ -741,9 +741,14 @@ def stale_selection_sentence() -> str:
         cells = sorted(points(variant, n, s) for n in (3, 4, 6, 8) for s in (1, 2))
         return f"{cells[-1]:+.2f} to {cells[0]:+.2f}"
 
-    def adamw(variant):
-        cells = sorted(points(variant, n, s, "adamw") for n in (4, 8, 16) for s in (1, 2))
+    def spread(variant, optimizer):
+        cells = sorted(points(variant, n, s, optimizer) for n in (4, 8, 16) for s in (1, 2))
         return f"{cells[0]:+.2f} to {cells[-1]:+.2f}"
+    others = "; ".join(
+        f"{label} at 4-16, the residual alone {spread('micro_stale', optimizer)}, "
+        f"`micro_ahead` {spread('micro_ahead', optimizer)}"
+        for optimizer, label in (("momentum", "SGD with plain momentum"), ("adam", "Adam"),
+                                 ("adamw", "AdamW")))
     every = [points("micro_ahead", n, s) for n in (2, 3, 4, 6, 8, 12, 16) for s in (1, 2)]
     return (f"in the residual `e_{{t-1}}` alone n = 2 {pair('micro_stale', 2)}, 3-8 "
             f"{middle('micro_stale')}, 12 {pair('micro_stale', 12)}, 16 "
@@ -751,8 +756,7 @@ def stale_selection_sentence() -> str:
             "the steady ones go every other step at most); in `e_{t-1} + 2 g_{t-1}` "
             f"(`micro_ahead`) n = 2 {pair('micro_ahead', 2)}, 3-8 {middle('micro_ahead')}, "
             f"12 {pair('micro_ahead', 12)}, 16 {pair('micro_ahead', 16)}, "
-            f"{sum(every) / len(every):+.2f} on average; AdamW at 4-16, the residual alone "
-            f"{adamw('micro_stale')}, `micro_ahead` {adamw('micro_ahead')}")
+            f"{sum(every) / len(every):+.2f} on average; {others}")
 
 
 def test_stale_selection_points():
@@ -787,7 +791,12 @@ def test_step_ahead_exchange_floors():
     variants = ("ahead-floor", "ahead-one", "ahead-overlap", "micro")
     dense = ", ".join(span(np8, v, "dense") for v in variants)
     compute = ", ".join(span(wide, v, "compute") for v in ("ef-floor", *variants))
+    mpi = data["step_ahead"]["np8_mpi"]
+    assert all(r["args"]["np"] == 8 and r["args"]["backend"] == "mpi" for r in mpi)
+    assert all(r["summary"]["micro"]["compression_config"] == shipped(0.01) for r in mpi)
+    on_mpi = ", ".join(span(mpi, v, "dense") for v in variants)
     assert (f"paired, over {len(np8)} runs of 8 Gloo ranks against dense: {dense}; over "
+            f"{len(mpi)} runs of 8 MPI ranks (`--backend mpi`): {on_mpi}; over "
             f"{len(wide)} runs of the 1 Gbit/s cell against compute-only, `ef-floor` first: "
             f"{compute}"
             ) in prose("BENCHMARKS.md")
