@@ -251,13 +251,8 @@ class AheadFloor:
         self.threshold = None
         self.selector = ThresholdSelector(self.capacity)
         # Per parameter: its range of the flat vector and the union's entries in it.
-        self.ranges = []
-        offset = 0
-        for param in layout.params:
-            end = offset + param.numel()
-            inside = self.union[(self.union >= offset) & (self.union < end)]
-            self.ranges.append((offset, end, inside))
-            offset = end
+        self.ranges = [(lo, hi, self.union[(self.union >= lo) & (self.union < hi)])
+                       for lo, hi in layout.slices]
         self.handles: dict[int, object] = {}
         self.flat = None
         self.step = 0

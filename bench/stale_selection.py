@@ -17,8 +17,9 @@ judges (all zero at the first step, which therefore sends nothing):
 * ``micro_ahead``: ``e_{t-1} + 2 g_{t-1}``, the previous gradient standing in for the one
   backward has not computed yet. ``g_{t-1}`` alone is the unbiased guess of ``a_t``; counted
   twice it ranks the steady coordinates (the ones applied a step before) higher, as the
-  defaults' own ``a_t`` does, whose largest values are its latest gradient's. A rank holds
-  ``g_{t-1}`` for the part it owns next only (N / n entries).
+  defaults' own ``a_t`` does, whose largest values are its latest gradient's. A rank would
+  need ``g_{t-1}`` only for the part it owns next (N / n entries); this simulation keeps
+  it whole.
 
 Each runs in ``bench.scaling``'s simulator (the real reducers on loopback ranks, the same
 recipe and seeds) beside the defaults, so each pair differs only in the judgement::
@@ -29,7 +30,7 @@ recipe and seeds) beside the defaults, so each pair differs only in the judgemen
 Prints, per n, seed and variant, the final test accuracy of both, their difference and the
 bytes each rank sends per step; with ``--optimizer adamw`` the Adam recipe of
 ``bench.scaling``. What the step-ahead exchange itself would cost per iteration:
-``bench.pipeline``'s ``ahead-floor`` and ``ahead-one`` variants.
+``bench.pipeline``'s ``ahead-*`` variants.
 """
 
 from __future__ import annotations
@@ -60,7 +61,11 @@ class StaleMicroCompressor(MicroCompressor):
     def select(self, acc: torch.Tensor, iteration: int):
         self._acc = acc
         before = self._before if self._before is not None else torch.zeros_like(acc)
-        return super().select(before, iteration)
+        return super().select(self.judged(acc, before), iteration)
+
+    def judged(self, acc: torch.Tensor, before: torch.Tensor) -> torch.Tensor:
+        """What the owner chooses in, from ``a_t`` and ``e_{t-1}``: here ``e_{t-1}``."""
+        return before
 
     def observe(self, reduced) -> None:
         super().observe(reduced)
@@ -80,12 +85,10 @@ class AheadMicroCompressor(StaleMicroCompressor):
         super().bind(numel, comm)
         self._gradient: torch.Tensor | None = None  # g_{t-1}
 
-    def select(self, acc: torch.Tensor, iteration: int):
-        self._acc = acc
-        before = self._before if self._before is not None else torch.zeros_like(acc)
+    def judged(self, acc: torch.Tensor, before: torch.Tensor) -> torch.Tensor:
         judged = before if self._gradient is None else before + 2 * self._gradient
         self._gradient = acc - before  # a_t = e_{t-1} + g_t
-        return MicroCompressor.select(self, judged, iteration)
+        return judged
 
 
 def main() -> None:
