@@ -11,7 +11,8 @@ is its slowest rank's).
         [--backend gloo|mpi] [--cycle-time-ms MS] [--json runs/iteration-ranks8.json]
 
 Variants: ``dense`` (``--compressor none``), ``micro`` (the defaults: fixed-shape slots),
-``micro-exact`` (``--capacity exact``: variable-size blocks, negotiated every step).
+``micro-exact`` (``--capacity exact``: variable-size blocks, negotiated every step),
+``micro-ahead`` (``micro_ahead``: the coordinates agreed a step ahead, one allreduce).
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from hvm_testbed.launch import horovodrun_cmd, run_bounded
 
 REPO = Path(__file__).resolve().parent.parent
 VARIANTS = {"dense": ["--compressor", "none"], "micro": ["--compressor", "micro"],
-            "micro-exact": ["--compressor", "micro", "--capacity", "exact"]}
+            "micro-exact": ["--compressor", "micro", "--capacity", "exact"],
+            "micro-ahead": ["--compressor", "micro_ahead"]}
 FIELDS = ("total", "communication", "selection", "sync_other")
 SKIP = 10  # first iterations left out (negotiation, allocation, the first exchange's checks)
 

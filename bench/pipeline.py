@@ -56,7 +56,9 @@ once), so their medians and paired ratios compare like with like:
   added and squared in one native pass, :mod:`horovod_micro.accumulate`);
 * ``micro-phases``: the defaults with the device synchronised at every phase boundary
   (``HOROVOD_MICRO_SYNC_PHASES=1``), so that on a GPU each phase is charged its own kernels;
-  that adds host syncs, so its total is not the step's cost (``micro``'s is).
+  that adds host syncs, so its total is not the step's cost (``micro``'s is);
+* ``micro-ahead``: ``micro_ahead``, the shipped step-ahead exchange (one allreduce), whose
+  floor ``ahead-one`` measures.
 
 ``--device cuda`` runs the model, the batches and so the reducer on the rank's GPU
 (Horovod's collectives then run on NCCL where Horovod was built with it); every iteration
@@ -89,7 +91,7 @@ from hvm_testbed.launch import horovodrun_cmd, run_bounded
 
 REPO = Path(__file__).resolve().parent.parent
 #: label -> None (no exchange) or (DistributedOptimizer kwargs, environment[,
-#: Compression.micro kwargs])
+#: Compression kwargs, "method" naming another method than micro])
 VARIANTS = {
     "compute": None,
     "barrier": None,
@@ -102,6 +104,7 @@ VARIANTS = {
     "micro-exact": ({}, {}, {"capacity": "exact"}),
     "micro-copy": ({"zero_copy": False}, {}),
     "micro-phases": ({}, {"HOROVOD_MICRO_SYNC_PHASES": "1"}),
+    "micro-ahead": ({}, {}, {"method": "micro_ahead"}),
 }
 AHEAD = {"ahead-floor": "two", "ahead-one": "one", "ahead-overlap": "overlap"}
 SPARSE = [label for label, spec in VARIANTS.items() if spec is not None]
@@ -143,12 +146,13 @@ def worker(args) -> None:
         opt = base
         if VARIANTS[label] is not None:
             kwargs, environment, *options = VARIANTS[label]
+            options = options[0] if options else {}
             saved = {name: os.environ.get(name) for name in environment}
             os.environ.update(environment)  # read when the optimizer is built
             opt = hvm.DistributedOptimizer(
                 base, named_parameters=model.named_parameters(),
-                compression=hvm.Compression.micro(density=args.density,
-                                                  **(options[0] if options else {})),
+                compression=getattr(hvm.Compression, options.get("method", "micro"))(
+                    density=args.density, **{k: v for k, v in options.items() if k != "method"}),
                 **kwargs)
             for name, value in saved.items():
                 if value is None:

@@ -259,6 +259,8 @@ def train(method: str, *, n: int, density: float, epochs: float, seed: int = 1,
     if sparse and takes_density(getattr(hvm.Compression, name)):
         kwargs = {"density": density, **kwargs}
     compressors = [getattr(hvm.Compression, name)(**kwargs) for _ in range(n)] if sparse else []
+    for compressor in compressors:  # as DistributedOptimizer does (micro_ahead's guess)
+        compressor.fit_optimizer(optimizer.param_groups)
     curve: list[tuple[int, float]] = []
     sent: list[int] = []
     cuts = [0]  # steps on which some rank's selection was cut to the capacity

@@ -9,28 +9,28 @@ Horovod's allreduce does. The values sent stay those of ``a_t``. The price is a 
 one gradient old; this benchmark measures it before any rank code is written.
 
 Two step-ahead judges, each MiCRO with the shipped defaults except for what its owner
-judges (all zero at the first step, which therefore sends nothing):
+judges (nothing is agreed at the first step, which therefore applies nothing):
 
-* ``micro_stale``: the residual ``e_{t-1}`` alone. A coordinate applied at step t-1 is 0
-  there on every rank, so it cannot be chosen at t: the coordinates whose gradient keeps
-  its sign, sent on most steps by the defaults, go at most every other step;
-* ``micro_ahead``: ``e_{t-1} + 2 g_{t-1}``, the previous gradient standing in for the one
-  backward has not computed yet. ``g_{t-1}`` alone is the unbiased guess of ``a_t``; counted
-  twice it ranks the steady coordinates (the ones applied a step before) higher, as the
-  defaults' own ``a_t`` does, whose largest values are its latest gradient's. A rank would
-  need ``g_{t-1}`` only for the part it owns next (N / n entries); this simulation keeps
-  it whole.
+* ``micro_stale`` (simulated here): the residual ``e_{t-1}`` alone, with MiCRO's own
+  exchange. A coordinate applied at step t-1 is 0 there on every rank, so it cannot be
+  chosen at t: the coordinates whose gradient keeps its sign, sent on most steps by the
+  defaults, go at most every other step;
+* ``micro_ahead``, the shipped method (:mod:`horovod_micro.compressors.micro.ahead`): its
+  own one-allreduce exchange, judging ``e_{t-1} + w g_{t-1}`` with ``w = 2`` under SGD,
+  the previous gradient standing in for the one backward has not computed yet, and
+  ``w = 0`` (the residual alone) under Adam and AdamW.
 
 Each runs in ``bench.scaling``'s simulator (the real reducers on loopback ranks, the same
-recipe and seeds) beside the defaults, so each pair differs only in the judgement::
+recipe and seeds) beside the defaults, so each pair differs only in the judgement (and,
+for ``micro_ahead``, the exchange that carries it)::
 
     .venv/bin/python -m bench.stale_selection --workers 2 3 4 6 8 12 16 --seeds 1 2 \\
         --variants micro_stale micro_ahead --json runs/stale-selection.json
 
 Prints, per n, seed and variant, the final test accuracy of both, their difference and the
 bytes each rank sends per step; with ``--optimizer adamw`` the Adam recipe of
-``bench.scaling``. What the step-ahead exchange itself would cost per iteration:
-``bench.pipeline``'s ``ahead-*`` variants.
+``bench.scaling``. What the step-ahead exchange costs per iteration: ``micro-ahead`` in
+``bench.iteration_ranks``, and the floors of ``bench.pipeline``'s ``ahead-*`` variants.
 """
 
 from __future__ import annotations
@@ -72,23 +72,6 @@ class StaleMicroCompressor(MicroCompressor):
         # The reducer has just written the residual into a_t's buffer (what this rank sent
         # is cleared there): that is e_t, which the next step judges.
         self._before = self._acc.clone()
-
-
-@register
-class AheadMicroCompressor(StaleMicroCompressor):
-    """MiCRO whose owner chooses in ``e_{t-1} + 2 g_{t-1}`` (this rank's residual after
-    the step before, and its gradient of that step) and sends the values of ``a_t``."""
-
-    name = "micro_ahead"
-
-    def bind(self, numel, comm) -> None:
-        super().bind(numel, comm)
-        self._gradient: torch.Tensor | None = None  # g_{t-1}
-
-    def judged(self, acc: torch.Tensor, before: torch.Tensor) -> torch.Tensor:
-        judged = before if self._gradient is None else before + 2 * self._gradient
-        self._gradient = acc - before  # a_t = e_{t-1} + g_t
-        return judged
 
 
 def main() -> None:

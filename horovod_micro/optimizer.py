@@ -105,6 +105,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 ReduceOp(op, *scale_factors(op, gradient_predivide_factor)),
                 stats_callback=self._record, zero_copy=zero_copy and grad_scaler is None),
                 self)
+            compression.fit_optimizer(self.param_groups)
             warn_if_unmaskable(compression, self.param_groups, process_set.rank() == 0)
         else:
             self._dense = DensePath(self._layout, self._parameter_names, compression, op,

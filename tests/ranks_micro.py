@@ -23,13 +23,15 @@ def _flat_param_optimizer(numel, compression, **kwargs):
 
 def exchange_trace(numel, iterations, density, seed=0, skew=0.0, op="average",
                    initial_threshold=None, fp16_values=False, error_feedback=True,
-                   controller="bounded", plateau=0.0, judge=None, capacity=None):
+                   controller="bounded", plateau=0.0, judge=None, capacity=None,
+                   method="micro", **settings):
     """Per iteration: exchanged gradient, threshold, counts, residual, bytes, and the
-    controller's state after the step."""
-    compression = hvm.Compression.micro(density=density, initial_threshold=initial_threshold,
-                                        fp16_values=fp16_values, error_feedback=error_feedback,
-                                        controller=controller, judge=judge,
-                                        capacity=capacity)
+    controller's state after the step (``method``: micro or micro_ahead, whose own
+    ``settings`` go with it)."""
+    compression = getattr(hvm.Compression, method)(
+        density=density, initial_threshold=initial_threshold, fp16_values=fp16_values,
+        error_feedback=error_feedback, controller=controller, judge=judge, capacity=capacity,
+        **settings)
     opt, param = _flat_param_optimizer(numel, compression,
                                        op=hvd.Average if op == "average" else hvd.Sum)
     trace = []
@@ -198,3 +200,37 @@ def capacity_cut_warnings(iterations: int, capacity) -> dict:
     return {"warnings": [str(w.message) for w in caught],
             "imbalance": [t["load_imbalance"] for t in trace],
             "rank_counts": [t["rank_counts"] for t in trace]}
+
+
+def ahead_resume(numel, iterations, resume_at, seed=3):
+    """micro_ahead run straight through and resumed from a state saved after step
+    ``resume_at - 1`` on a fresh optimizer: each run's exchanged gradients, the judge's
+    weight under SGD and under Adam."""
+    from simulation import rank_gradient
+
+    def run(start, state=None):
+        compression = hvm.Compression.micro_ahead(density=0.02)
+        opt, param = _flat_param_optimizer(numel, compression)
+        if state is not None:
+            opt.load_state_dict(state)
+        grads, saved = [], None
+        for t in range(start, iterations):
+            param.grad = rank_gradient(hvd.rank(), t, numel, seed)
+            opt.synchronize()
+            grads.append(param.grad.tolist())
+            with opt.skip_synchronize():
+                opt.step()
+            opt.zero_grad()
+            if t == resume_at - 1:
+                saved = opt.state_dict()
+        return grads, saved
+
+    straight, state = run(0)
+    resumed, _ = run(resume_at, state)
+    adam = hvm.Compression.micro_ahead(density=0.02)
+    param = torch.nn.Parameter(torch.zeros(numel))
+    hvm.DistributedOptimizer(torch.optim.AdamW([param]), named_parameters=[("w", param)],
+                             compression=adam)
+    return {"straight": straight, "resumed": resumed,
+            "union_saved": state["horovod_micro"]["compressor"]["union"][1].sum().item(),
+            "weights": [hvm.Compression.micro_ahead().weight, adam.weight]}

@@ -332,3 +332,48 @@ def feed_gradients(opt, param: torch.nn.Parameter, rank: int, iterations: int,
             with opt.skip_synchronize():
                 opt.step()
         opt.zero_grad()
+
+
+def simulate_micro_ahead(grads: list[list[torch.Tensor]], rule: BoundedRule, n: int,
+                         guess: float, capacity: int, average: bool = True) -> list[dict]:
+    """``micro_ahead`` on n simulated workers, stated plainly: step t applies the union
+    ``U_t`` chosen at step t - 1 (nothing at t = 0), with every rank's ``a_t`` there summed;
+    at step t each rank r chooses ``U_{t+1}`` in the part it owns at t + 1,
+    ``(t + 1 + r) mod n``, ranking ``e_{t+1} + guess * g_t`` (the residual this step leaves
+    plus the gradient, ``a_t - e_t``; no guess at t = 0) by the drift score at iteration
+    t + 1 (ages after ``U_t`` was applied), with the threshold of ``rule`` at the scale of
+    its ``a_t``, cut to the ``capacity`` highest scores. Finite gradients only."""
+    numel = grads[0][0].numel()
+    parts = contiguous_parts(numel, n)
+    residual = [torch.zeros(numel, dtype=grads[0][0].dtype) for _ in range(n)]
+    union = torch.zeros(0, dtype=torch.long)
+    applied_at = torch.zeros(numel, dtype=torch.long)
+    history = []
+    for t in range(len(grads)):
+        before = residual
+        acc = [before[r] + grads[t][r] for r in range(n)]
+        summed = allreduce_sum([acc[r][union] for r in range(n)])
+        out, residual, _ = exchange_outcome(acc, union, summed / n if average else summed,
+                                            [union] * n)
+        applied_at[union] = t + 1
+        age = t + 2 - applied_at
+        wait = min(1.0 / rule.density, float(t + 2))
+        selections, picked, thresholds = [], [], []
+        for r in range(n):
+            judged = residual[r] + guess * (acc[r] - before[r]) if t else residual[r]
+            scores = drift_score(judged, age, wait)
+            threshold = rule.threshold(t + 1, r, acc[r], parts, scores)
+            start, end = parts[(t + 1 + r) % n]
+            chosen = torch.nonzero(scores[start:end] >= threshold).view(-1) + start
+            picked.append(len(chosen))
+            if len(chosen) > capacity:
+                best = torch.topk(scores[chosen], capacity).indices
+                chosen = chosen[best.sort().values]
+            selections.append(chosen)
+            thresholds.append(threshold)
+        rule.observe(picked)
+        history.append({"grad": out, "applied": union, "selections": selections,
+                        "picked": picked, "thresholds": thresholds,
+                        "residual": [x.clone() for x in residual]})
+        union = torch.cat(selections)
+    return history

@@ -103,7 +103,7 @@ def check_membership(job: dict) -> tuple[int, int]:
     return killed[0], newcomers[0]
 
 
-@pytest.mark.parametrize("method", ["micro", "topk", "none"])
+@pytest.mark.parametrize("method", ["micro", "micro_ahead", "topk", "none"])
 def test_lost_and_added_worker(method, tmp_path):
     job = run_elastic_job(method, tmp_path)
     killed, newcomer = check_membership(job)
@@ -112,8 +112,9 @@ def test_lost_and_added_worker(method, tmp_path):
     if method == "none":
         assert all(r["density"] == 1.0 for r in rows[survivor].values())
         return
-    if method == "micro":
-        # Density back within +-10 % of the target within 20 iterations of each reset.
+    if method in ("micro", "micro_ahead"):
+        # Density back within +-10 % of the target within 20 iterations of each reset
+        # (micro_ahead applies nothing at the first step after one: no union is agreed).
         resets = [KILL_AT - KILL_AT % COMMIT_EVERY, ADD_AT]
         for start, end in zip(resets, [*resets[1:], STEPS]):
             off = [i for i in range(start, end)

@@ -747,27 +747,32 @@ def stale_selection_sentence() -> str:
     others = "; ".join(
         f"{label} at 4-16, the residual alone {spread('micro_stale', optimizer)}, "
         f"`micro_ahead` {spread('micro_ahead', optimizer)}"
-        for optimizer, label in (("momentum", "SGD with plain momentum"), ("adam", "Adam"),
-                                 ("adamw", "AdamW")))
+        for optimizer, label in (("momentum", "SGD with plain momentum"),
+                                 ("adam", "Adam (`micro_ahead` judging the residual alone)"),
+                                 ("adamw", "AdamW (the same)")))
     every = [points("micro_ahead", n, s) for n in (2, 3, 4, 6, 8, 12, 16) for s in (1, 2, 3)]
     per_n = [sum(points("micro_ahead", n, s) for s in (1, 2, 3)) / 3
              for n in (2, 3, 4, 6, 8, 12, 16)]
     return (f"in the residual `e_{{t-1}}` alone n = 2 {pair('micro_stale', 2)}, 3-8 "
             f"{middle('micro_stale')}, 12 {pair('micro_stale', 12)}, 16 "
             f"{pair('micro_stale', 16)} (a coordinate applied a step before is 0 there, so "
-            "the steady ones go every other step at most); in `e_{t-1} + 2 g_{t-1}` "
-            f"(`micro_ahead`) n = 2 {pair('micro_ahead', 2)}, 3-8 {middle('micro_ahead')}, "
-            f"12 {pair('micro_ahead', 12)}, 16 {pair('micro_ahead', 16)}, "
-            f"{sum(every) / len(every):+.2f} on average over seeds 1-3 (per n, "
-            f"{' to '.join(f'{x:+.2f}' for x in (max(per_n), min(per_n)))}); {others}")
+            "the steady ones go every other step at most); the shipped `micro_ahead` "
+            f"(`e_{{t-1}} + 2 g_{{t-1}}` under SGD) n = 2 {pair('micro_ahead', 2)}, 3-8 "
+            f"{middle('micro_ahead')}, 12 {pair('micro_ahead', 12)}, 16 "
+            f"{pair('micro_ahead', 16)}, {sum(every) / len(every):+.2f} on average over "
+            f"seeds 1-3 (per n, {' to '.join(f'{x:+.2f}' for x in (max(per_n), min(per_n)))}"
+            f", n = 16 {per_n[-1]:+.2f}); {others}")
 
 
 def test_stale_selection_points():
     """BENCHMARKS.md quotes the step-ahead judges' cost as the runs give it; every run held
-    the defaults but for its method's name, and each variant ran wherever the defaults did."""
+    the defaults but for its method's name (and micro_ahead's own guess, left to the
+    optimizer's family), and each variant ran wherever the defaults did."""
     runs = OTHERS["stale_selection"]["runs"]
     # The step-ahead variants differ from the defaults in their method's name only.
-    assert all(r["compression_config"] == {**shipped(0.01), "method": r["method"]}
+    assert all(r["compression_config"] == {**shipped(0.01), "method": r["method"],
+                                           **({"guess": "auto"} if r["method"] == "micro_ahead"
+                                              else {})}
                for r in runs)
     cells = {(r["n"], r["seed"], r["optimizer"]) for r in runs}
     for variant in ("micro", "micro_stale", "micro_ahead"):

@@ -3,13 +3,14 @@ independent simulations the multi-rank tests use: a compressor's unit tests in
 milliseconds, no horovodrun. (The real multi-rank tests stay: tests/test_baselines.py,
 tests/test_micro_exchange.py.)"""
 
+import math
 from types import SimpleNamespace
 
 import horovod.torch as hvd
 import pytest
 import torch
 from ranks_baselines import _record
-from simulation import BoundedRule, rank_gradient, simulate_micro
+from simulation import BoundedRule, rank_gradient, simulate_micro, simulate_micro_ahead
 from test_baselines import ALL_METHODS, ITERATIONS, NUMEL, SEED, VARIANTS, check_traces
 
 import horovod_micro as hvm
@@ -45,7 +46,7 @@ def loopback_traces(n, method, kwargs, op="average", iterations=ITERATIONS, devi
 
 
 def test_specs_cover_every_registered_method():
-    assert {s["method"] for s in SPECS.values()} | {"micro", "powersgd"} == set(
+    assert {s["method"] for s in SPECS.values()} | {"micro", "micro_ahead", "powersgd"} == set(
         registry.names())
 
 
@@ -106,6 +107,24 @@ def check_micro(n, controller, device="cpu", judge=None):
             torch.testing.assert_close(torch.tensor(step["grad"]), sim[t]["grad"])
             torch.testing.assert_close(torch.tensor(step["residual"]), sim[t]["residual"][r])
             assert step["rank_counts"] == [len(s) for s in sim[t]["selections"]]
+
+
+@pytest.mark.parametrize("n,op", [(2, "average"), (4, "sum"), (5, "average"),
+                                  (6, "average"), (7, "sum")])
+def test_micro_ahead_on_loopback_ranks_equals_simulation(n, op):
+    """The coordinates agreed a step ahead, at worker counts on and off the powers of two
+    and with either op, against simulate_micro_ahead."""
+    per_rank = loopback_traces(n, "micro_ahead", {"density": 0.02}, op=op)
+    grads = [[rank_gradient(r, t, NUMEL, SEED) for r in range(n)] for t in range(ITERATIONS)]
+    slots = math.ceil(1.2 * int(0.02 * NUMEL) / n)
+    sim = simulate_micro_ahead(grads, BoundedRule(0.02, NUMEL, n), n, guess=2.0,
+                               capacity=slots, average=op == "average")
+    for r, trace in enumerate(per_rank):
+        for t, step in enumerate(trace):
+            torch.testing.assert_close(torch.tensor(step["grad"]), sim[t]["grad"])
+            torch.testing.assert_close(torch.tensor(step["residual"]), sim[t]["residual"][r])
+            assert step["rank_counts"] == [len(s) for s in sim[t]["selections"]]
+    assert sum(len(step["applied"]) for step in sim) > 0
 
 
 def test_a_failing_rank_fails_the_group_instead_of_hanging():

@@ -22,9 +22,9 @@ PLUGIN_ENV = {"HOROVOD_MICRO_PLUGINS": "plugin_compressor",
 
 
 def test_every_builtin_method_is_registered_and_simulated():
-    # MiCRO and PowerSGD have simulations of their own (simulation.py,
+    # MiCRO (both exchanges) and PowerSGD have simulations of their own (simulation.py,
     # simulation_powersgd.py); the rest are the baselines' table.
-    simulated = set(BASELINES) | {"micro", "powersgd"}
+    simulated = set(BASELINES) | {"micro", "micro_ahead", "powersgd"}
     assert {spec["method"] for spec in ALL_METHODS} == set(BASELINES)  # each one runs
     assert set(registry.names()) == simulated
     assert "cyclicblock" not in registry.names()  # only where the plugin is imported

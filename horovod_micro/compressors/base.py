@@ -224,6 +224,12 @@ class Compressor:
         self.numel = numel
         self.comm = comm
 
+    def fit_optimizer(self, param_groups: list[dict]) -> None:
+        """The wrapped optimizer's parameter groups, once, before its first step, for a
+        method whose default depends on the optimizer's family (``micro_ahead``'s guess).
+        Default: ignored."""
+        del param_groups
+
     def rebind(self, size: int) -> None:
         """The process set now has ``size`` ranks (an elastic reset): re-derive whatever
         was sized for the old number of ranks. Called on every rank alike, before the

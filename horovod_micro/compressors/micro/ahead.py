@@ -1,0 +1,282 @@
+"""MiCRO with the coordinates agreed a step ahead: one collective per step, no index gather.
+
+MiCRO's own exchange runs two dependent collectives after backward: the owners' indices
+are gathered, and only then can the values at them be summed. Here the coordinates that
+step ``t`` applies, ``U_t``, were chosen and agreed during step ``t - 1``, so step ``t``
+needs a single allreduce, which carries three things in one flat vector of the buffer's
+dtype (each rank fills its own rows, the others hold zeros, so a sum hands every rank
+every rank's rows exactly):
+
+* the values: this rank's ``a_t`` at ``U_t``, in ``n`` rows of ``C`` slots (MiCRO's fixed
+  shape, ``C = ceil(1.2 k / n)``); after the sum, the aggregate;
+* the next indices: the owner's choice ``U_{t+1}`` in the part it owns at ``t + 1``, as
+  part-relative positions (exact in float32 below ``2**24``, which a part must be);
+* the header: the status word (NaN/Inf, the overflow bound, input errors, the check
+  word), the count, the controller's report and the count before the capacity cut.
+
+**The judgement a step ahead.** At step ``t`` the owner of the part it owns next ranks
+``e_{t+1} + w g_t``: the residual this step will leave (``a_t`` with ``U_t`` cleared) plus
+``w`` times this step's gradient, the guess of the gradient backward has not computed yet.
+The drift judge and the bounded controller work unchanged on that vector. ``w``
+(``guess=``) depends on the wrapped optimizer's family, measured in ``bench.scaling``'s
+simulator: with SGD (plain, momentum, Nesterov) the residual alone is wrong, since a
+coordinate applied at ``t`` is 0 there on every rank and the steady coordinates would go
+every other step at most; ``w = 2`` ranks them as MiCRO's own ``a_t`` does. With Adam and
+AdamW an arrival moves a weight by about the learning rate whatever its size, so spreading
+the arrivals helps and ``w = 0`` does best. ``guess=None`` (default) picks 2 or 0 from the
+optimizer (Adam's kind has ``betas``).
+
+The first step applies nothing (no coordinates are agreed yet): its gradient waits in the
+residual. The values sent are those of ``a_t`` itself, never a step old.
+
+Costs and limits:
+
+* 16 bytes per coordinate on a ring allreduce (the index travels with the values) against
+  MiCRO's 12, in one collective instead of two;
+* the guess keeps ``g_t`` only for the part owned next: ``N / n`` entries per rank, which
+  a checkpoint does not hold; the first step after a load or an elastic reset ranks the
+  residual alone, and an elastic reset applies nothing at its first step;
+* ``fp16_values`` would round the indices, and the per-part controller with fixed slots is
+  what makes the shape fixed: both are required as stated in :meth:`config_error`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import horovod.torch as hvd
+import torch
+
+from ...exchange import SlotsGathered, Traffic
+from ...selection import Selection, index_dtype
+from ...stats import ring_allreduce_bytes
+from ...status import BOUNDED, CODE_BITS, split_status
+from ..base import Aggregate, ReduceOp, as_float
+from ..registry import register
+from .compressor import MicroCompressor
+from .drift import drift_scores, stamp
+from .partition import owned_part, part_bounds
+
+#: Words per rank in the allreduce's header: status code (with the bounded flag), check
+#: word, count, report, count before the capacity cut.
+HEADER = 5
+#: The largest part whose positions float32 carries exactly.
+EXACT_POSITIONS = 1 << 24
+
+
+def guess_error(guess) -> str | None:
+    if guess is None or (isinstance(guess, float) and math.isfinite(guess) and guess >= 0):
+        return None
+    return f"micro_ahead: guess must be a finite number >= 0 or None, got {guess!r}"
+
+
+def family_guess(param_groups: list[dict]) -> float:
+    """The weight of the previous gradient in the judge for this optimizer: 0 for Adam's
+    family (its groups have ``betas``), 2 for SGD's."""
+    return 0.0 if any("betas" in g for g in param_groups) else 2.0
+
+
+@register
+class MicroAheadCompressor(MicroCompressor):
+    """MiCRO whose coordinates are agreed a step ahead (see the module docstring).
+
+    Args:
+        guess: weight of this step's gradient in the judgement for the next step's
+            coordinates; ``None`` (default): 2 under SGD, 0 under Adam and AdamW.
+        The others: :class:`~horovod_micro.compressors.micro.compressor.MicroCompressor`
+        (``controller="bounded"`` with slots, error feedback, float32 values).
+
+    Example::
+
+        opt = hvm.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                       compression=hvm.Compression.micro_ahead(density=0.001))
+    """
+
+    name = "micro_ahead"
+
+    def __init__(self, density: float = 0.001, *, guess: float | None = None,
+                 initial_threshold: float | None = None, controller: str = "bounded",
+                 judge: str | None = None, error_feedback: bool = True,
+                 fp16_values: bool = False, momentum_masking: bool | None = None,
+                 capacity: int | str | None = None):
+        super().__init__(density, initial_threshold=initial_threshold, controller=controller,
+                         judge=judge, error_feedback=error_feedback, fp16_values=fp16_values,
+                         momentum_masking=momentum_masking, capacity=capacity)
+        self.guess = as_float(guess)
+        self.weight = 2.0 if self.guess is None else self.guess
+        self.union: tuple[torch.Tensor, torch.Tensor] | None = None  # U_t: (slots, valid)
+        self.saved: tuple[int, torch.Tensor] | None = None  # (t, e_t on t's next part)
+
+    def config(self) -> dict:
+        return {**super().config(), "guess": "auto" if self.guess is None else self.guess}
+
+    def config_error(self) -> str | None:
+        error = super().config_error() or guess_error(self.guess)
+        if error:
+            return error
+        if (self.controller_name != "bounded" or self.capacity == "exact" or self.fp16_values
+                or self.error_feedback is not True):
+            return ("micro_ahead: needs controller='bounded' with index slots (capacity "
+                    "not 'exact'), error_feedback=True and fp16_values=False: the next "
+                    "indices travel as float words in the value allreduce's fixed slots")
+        return None
+
+    def fit_optimizer(self, param_groups: list[dict]) -> None:
+        if self.guess is None:
+            self.weight = family_guess(param_groups)
+
+    def _partition(self, size: int) -> None:
+        super()._partition(size)
+        largest = max(self._part_sizes())
+        if largest > EXACT_POSITIONS:
+            raise ValueError(
+                f"micro_ahead: a part of {largest} elements (N / n at {size} ranks) is above "
+                f"2**24, where float32 no longer carries its positions exactly; use micro")
+        self.union = self.saved = None  # rows of another shape: the next step applies nothing
+
+    def modeled_bytes(self, size: int, numel: int) -> float:
+        """One ring allreduce of ``n`` rows of ``C`` values, ``C`` next positions and the
+        header: ``2 (n - 1) (2 C + 5) b_v``, about ``16 * 1.2 k`` at 4-byte words."""
+        if size < 2:
+            return 0
+        k = self.modeled_count(numel)
+        slots = self._slots_for(size, k, max(b - a for a, b in part_bounds(numel, size)))
+        return ring_allreduce_bytes(4 * size * (2 * slots + HEADER), size)[0]
+
+    # ----- the step --------------------------------------------------------------------
+    def select(self, acc: torch.Tensor, iteration: int) -> Selection:
+        """The choice of ``U_{t+1}`` in the part this rank owns at ``t + 1``, as positions
+        in that part, ranked by ``e_{t+1} + w g_t``."""
+        if self.union is not None and self.union[0].device != acc.device:  # loaded on the host
+            self.union = tuple(t.to(acc.device) for t in self.union)
+        part = owned_part(self.comm.rank, iteration + 1, self.comm.size)
+        start, end = self.bounds[part]
+        judged = acc[start:end].clone()
+        applied = self._applied_in(start, end)
+        if applied is not None:
+            judged.index_fill_(0, applied, 0.0)  # e_{t+1}: what this step leaves
+        if self.weight and self.saved is not None and self.saved[0] == iteration:
+            judged.add_(acc[start:end] - self.saved[1], alpha=self.weight)  # + w g_t
+        now = iteration + 2  # the next step's
+        last = None
+        if self.ages is not None:
+            last = self.ages.at(acc.device, now)[start:end].clone()
+            if applied is not None:
+                last.index_fill_(0, applied, stamp(iteration + 1))  # they restart at t + 1
+            self.selector.bind(judged, last, now, self.ages.wait(now))
+        indices, threshold, report = self.controller.select(
+            judged, 0, end - start, part, self.selector, self.rms_scale)
+        selected = indices.numel()
+        if selected > self.slots:  # the highest scores go, the rest stays in the residual
+            scores = judged.index_select(0, indices.long())
+            if last is not None:
+                scores = drift_scores(scores, last.index_select(0, indices.long()), now,
+                                      self.ages.wait(now))
+            keep = torch.topk(scores.abs(), self.slots, sorted=False).indices
+            indices = indices.index_select(0, keep.sort().values)
+        return Selection(indices, report=report, selected=selected, threshold=threshold)
+
+    def _applied_in(self, start: int, end: int) -> torch.Tensor | None:
+        """The positions of ``U_t`` in ``[start, end)``, or None if nothing is agreed."""
+        if self.union is None:
+            return None
+        flat = self.union[0][self.union[1]]
+        return (flat[(flat >= start) & (flat < end)] - start).long()
+
+    def exchange(self, acc: torch.Tensor, selection: Selection, status, iteration: int,
+                 reduction: ReduceOp, traffic: Traffic) -> Aggregate:
+        """The one allreduce (values at ``U_t``, next positions, header), then the same
+        collective error check as every method's exchange."""
+        n, rank, slots = self.comm.size, self.comm.rank, self.slots
+        payload = acc.new_zeros(n * (2 * slots + HEADER))
+        values = payload[:n * slots].view(n, slots)
+        positions = payload[n * slots:2 * n * slots].view(n, slots)
+        header = payload[2 * n * slots:].view(n, HEADER)
+        if self.union is not None:
+            taken = acc.index_select(0, self.union[0].reshape(-1)).view(n, slots)
+            values.copy_(taken.masked_fill_(~self.union[1], 0))
+        count = selection.indices.numel()
+        positions[rank, :count] = selection.indices.to(acc.dtype)
+        # The status word in two exact float words (a device word stays on the device).
+        header[rank, 0] = status & ((1 << CODE_BITS) - 1)
+        header[rank, 1] = status >> CODE_BITS
+        header[rank, 2:] = torch.tensor([count, int(selection.report), selection.selected],
+                                        dtype=acc.dtype)
+        start = time.perf_counter()
+        self.comm.allreduce_(payload, "ahead", hvd.Sum, 1.0, 1.0)
+        traffic.timed("ahead", start)
+        traffic.add(ring_allreduce_bytes(payload.numel() * payload.element_size(), n))
+        gathered = self._next(positions, header.tolist(), iteration + 1)
+        gathered.raise_errors()
+        if self.union is None:
+            union = acc.new_zeros(0, dtype=index_dtype(self.numel))
+            summed = acc.new_zeros(0)
+        else:
+            union = self.union[0][self.union[1]].to(index_dtype(self.numel))
+            summed = reduction.finish_sum(values[self.union[1]], n)
+        waited = (self.ages.waited(union, iteration + 1) if self.ages is not None
+                  and union.numel() else None)
+        learned = (gathered.slots, gathered.valid, self._residual_next(acc, iteration))
+        return Aggregate(union, summed, union, gathered, selection.threshold,
+                         iteration=iteration, learned=learned, waited=waited)
+
+    def _next(self, positions: torch.Tensor, heads: list[list[float]], step: int
+              ) -> SlotsGathered:
+        """Every rank's choice for ``step`` as absolute coordinates in ``(n, C)`` slots."""
+        n, slots = self.comm.size, self.slots
+        starts = torch.tensor([self.bounds[owned_part(r, step, n)][0] for r in range(n)],
+                              device=positions.device)
+        counts = [int(h[2]) for h in heads]
+        valid = (torch.arange(slots, device=positions.device)
+                 < torch.tensor(counts, device=positions.device)[:, None])
+        absolute = (positions.long() + starts[:, None]).masked_fill_(~valid, 0)
+        words = [int(h[0]) | (int(h[1]) << CODE_BITS) for h in heads]
+        return SlotsGathered(
+            per_rank=[absolute[r, :c] for r, c in enumerate(counts)],
+            statuses=[split_status(w)[0] for w in words],
+            reports=[int(h[3]) for h in heads],
+            checks=[split_status(w)[1] for w in words],
+            bounded=[bool(w & BOUNDED) for w in words],
+            slots=absolute, valid=valid, selected=[int(h[4]) for h in heads])
+
+    def _residual_next(self, acc: torch.Tensor, iteration: int
+                       ) -> tuple[int, torch.Tensor] | None:
+        """``e_{t+1}`` on the part this rank owns at ``t + 2``, which the next step's guess
+        subtracts from its ``a_{t+1}``; None where no guess is made."""
+        if not self.weight:
+            return None
+        start, end = self.bounds[owned_part(self.comm.rank, iteration + 2, self.comm.size)]
+        residual = acc[start:end].clone()
+        applied = self._applied_in(start, end)
+        if applied is not None:
+            residual.index_fill_(0, applied, 0.0)
+        return iteration + 1, residual
+
+    def observe(self, reduced: Aggregate) -> None:
+        t, n, gathered = reduced.iteration, self.comm.size, reduced.gathered
+        if self.ages is not None and reduced.indices.numel():
+            self.ages.restart(reduced.indices.long(), t + 1)
+        self.controller.observe(list(gathered.counts), list(gathered.reports),
+                                [owned_part(r, t + 1, n) for r in range(n)])
+        self.last_threshold = reduced.threshold
+        self._cuts.observe(gathered, self.comm.rank == 0, self.slots)
+        slots, valid, self.saved = reduced.learned
+        self.union = (slots, valid)
+
+    def state_dict(self) -> dict:
+        state = super().state_dict()
+        if self.union is not None:
+            state["union"] = [t.cpu().clone() for t in self.union]
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        union = state.get("union")
+        if union is not None and (len(union) != 2 or tuple(union[0].shape)
+                                  != (self.comm.size, self.slots)):
+            raise ValueError("micro_ahead: this state's agreed coordinates were made for "
+                             "another number of ranks or slots")
+        super().load_state_dict(state)
+        device = self.union[0].device if self.union is not None else "cpu"
+        self.union = None if union is None else tuple(t.to(device) for t in union)
+        self.saved = None  # g_t is not in a checkpoint: the next step judges e alone
