@@ -65,6 +65,31 @@ HEADER = 5
 EXACT_POSITIONS = 1 << 24
 
 
+class Agreed:
+    """The coordinates a step applies, as every rank received them: ``slots`` ``(n, C)``
+    absolute coordinates, ``valid`` which are in use, ``counts`` per row; row ``r`` lies in
+    the part rank ``r`` owns at that step. What each step needs of it is derived once."""
+
+    def __init__(self, slots: torch.Tensor, valid: torch.Tensor, counts: list[int],
+                 numel: int):
+        self.slots, self.valid, self.counts = slots, valid, counts
+        self.positions = valid.view(-1).nonzero().view(-1)  # in the flat (n * C) slots
+        self.flat = slots.view(-1).index_select(0, self.positions)
+        self.indices = self.flat.to(index_dtype(numel))
+        self.rows = torch.split(self.flat, counts)
+
+    @classmethod
+    def load(cls, slots: torch.Tensor, valid: torch.Tensor, numel: int) -> Agreed:
+        return cls(slots, valid, valid.sum(1).tolist(), numel)
+
+    def to(self, device: torch.device, numel: int) -> Agreed:
+        return Agreed(self.slots.to(device), self.valid.to(device), self.counts, numel)
+
+    def in_part(self, owner: int, start: int) -> torch.Tensor:
+        """The positions of row ``owner`` (the part's owner at that step) in its part."""
+        return self.rows[owner] - start
+
+
 def guess_error(guess) -> str | None:
     if guess is None or (isinstance(guess, float) and math.isfinite(guess) and guess >= 0):
         return None
@@ -105,7 +130,7 @@ class MicroAheadCompressor(MicroCompressor):
                          momentum_masking=momentum_masking, capacity=capacity)
         self.guess = as_float(guess)
         self.weight = 2.0 if self.guess is None else self.guess
-        self.union: tuple[torch.Tensor, torch.Tensor] | None = None  # U_t: (slots, valid)
+        self.union: Agreed | None = None  # U_t
         self.saved: tuple[int, torch.Tensor] | None = None  # (t, e_t on t's next part)
 
     def config(self) -> dict:
@@ -148,12 +173,12 @@ class MicroAheadCompressor(MicroCompressor):
     def select(self, acc: torch.Tensor, iteration: int) -> Selection:
         """The choice of ``U_{t+1}`` in the part this rank owns at ``t + 1``, as positions
         in that part, ranked by ``e_{t+1} + w g_t``."""
-        if self.union is not None and self.union[0].device != acc.device:  # loaded on the host
-            self.union = tuple(t.to(acc.device) for t in self.union)
+        if self.union is not None and self.union.slots.device != acc.device:  # loaded on the host
+            self.union = self.union.to(acc.device, self.numel)
         part = owned_part(self.comm.rank, iteration + 1, self.comm.size)
         start, end = self.bounds[part]
         judged = acc[start:end].clone()
-        applied = self._applied_in(start, end)
+        applied = self._applied_in(part, start, iteration)
         if applied is not None:
             judged.index_fill_(0, applied, 0.0)  # e_{t+1}: what this step leaves
         if self.weight and self.saved is not None and self.saved[0] == iteration:
@@ -177,12 +202,12 @@ class MicroAheadCompressor(MicroCompressor):
             indices = indices.index_select(0, keep.sort().values)
         return Selection(indices, report=report, selected=selected, threshold=threshold)
 
-    def _applied_in(self, start: int, end: int) -> torch.Tensor | None:
-        """The positions of ``U_t`` in ``[start, end)``, or None if nothing is agreed."""
+    def _applied_in(self, part: int, start: int, iteration: int) -> torch.Tensor | None:
+        """The positions of ``U_t`` in ``part`` (starting at ``start``): the row of the rank
+        that owned it at ``t``; None if nothing is agreed."""
         if self.union is None:
             return None
-        flat = self.union[0][self.union[1]]
-        return (flat[(flat >= start) & (flat < end)] - start).long()
+        return self.union.in_part((part - iteration) % self.comm.size, start)
 
     def exchange(self, acc: torch.Tensor, selection: Selection, status, iteration: int,
                  reduction: ReduceOp, traffic: Traffic) -> Aggregate:
@@ -193,9 +218,9 @@ class MicroAheadCompressor(MicroCompressor):
         values = payload[:n * slots].view(n, slots)
         positions = payload[n * slots:2 * n * slots].view(n, slots)
         header = payload[2 * n * slots:].view(n, HEADER)
-        if self.union is not None:
-            taken = acc.index_select(0, self.union[0].reshape(-1)).view(n, slots)
-            values.copy_(taken.masked_fill_(~self.union[1], 0))
+        if self.union is not None:  # 0 in the slots not in use (a NaN must not leak there)
+            values.view(-1).index_copy_(0, self.union.positions,
+                                        acc.index_select(0, self.union.flat))
         count = selection.indices.numel()
         positions[rank, :count] = selection.indices.to(acc.dtype)
         # The status word in two exact float words (a device word stays on the device).
@@ -213,11 +238,13 @@ class MicroAheadCompressor(MicroCompressor):
             union = acc.new_zeros(0, dtype=index_dtype(self.numel))
             summed = acc.new_zeros(0)
         else:
-            union = self.union[0][self.union[1]].to(index_dtype(self.numel))
-            summed = reduction.finish_sum(values[self.union[1]], n)
+            union = self.union.indices
+            summed = reduction.finish_sum(values.view(-1).index_select(
+                0, self.union.positions), n)
         waited = (self.ages.waited(union, iteration + 1) if self.ages is not None
                   and union.numel() else None)
-        learned = (gathered.slots, gathered.valid, self._residual_next(acc, iteration))
+        learned = (Agreed(gathered.slots, gathered.valid, gathered.sent_counts, self.numel),
+                   self._residual_next(acc, iteration))
         return Aggregate(union, summed, union, gathered, selection.threshold,
                          iteration=iteration, learned=learned, waited=waited)
 
@@ -246,9 +273,10 @@ class MicroAheadCompressor(MicroCompressor):
         subtracts from its ``a_{t+1}``; None where no guess is made."""
         if not self.weight:
             return None
-        start, end = self.bounds[owned_part(self.comm.rank, iteration + 2, self.comm.size)]
+        part = owned_part(self.comm.rank, iteration + 2, self.comm.size)
+        start, end = self.bounds[part]
         residual = acc[start:end].clone()
-        applied = self._applied_in(start, end)
+        applied = self._applied_in(part, start, iteration)
         if applied is not None:
             residual.index_fill_(0, applied, 0.0)
         return iteration + 1, residual
@@ -261,13 +289,12 @@ class MicroAheadCompressor(MicroCompressor):
                                 [owned_part(r, t + 1, n) for r in range(n)])
         self.last_threshold = reduced.threshold
         self._cuts.observe(gathered, self.comm.rank == 0, self.slots)
-        slots, valid, self.saved = reduced.learned
-        self.union = (slots, valid)
+        self.union, self.saved = reduced.learned
 
     def state_dict(self) -> dict:
         state = super().state_dict()
         if self.union is not None:
-            state["union"] = [t.cpu().clone() for t in self.union]
+            state["union"] = [self.union.slots.cpu().clone(), self.union.valid.cpu().clone()]
         return state
 
     def load_state_dict(self, state: dict) -> None:
@@ -277,6 +304,6 @@ class MicroAheadCompressor(MicroCompressor):
             raise ValueError("micro_ahead: this state's agreed coordinates were made for "
                              "another number of ranks or slots")
         super().load_state_dict(state)
-        device = self.union[0].device if self.union is not None else "cpu"
-        self.union = None if union is None else tuple(t.to(device) for t in union)
+        # On the host; select() moves it to the gradient's device.
+        self.union = None if union is None else Agreed.load(*union, self.numel)
         self.saved = None  # g_t is not in a checkpoint: the next step judges e alone
