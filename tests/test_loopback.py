@@ -238,3 +238,39 @@ def test_micro_without_error_feedback_reaches_every_coordinate():
     assert len(set(shares)) == 1 and shares[0] >= 0.9, shares
     with pytest.raises(ValueError, match="judge='drift' needs error feedback"):
         hvm.Compression.micro(density=0.01, error_feedback=False, judge="drift")
+
+
+def test_micro_ahead_skipped_step_keeps_the_agreed_coordinates():
+    """A NaN on one rank skips the step on every rank; nothing of it is adopted: the ages
+    restarted early by the selection are given back, and the next step applies the union
+    the skipped one would have applied."""
+    skip = 3
+
+    def rank_body(comm):
+        compression = hvm.Compression.micro_ahead(density=0.02)
+        param = torch.nn.Parameter(torch.zeros(NUMEL))
+        reducer = SparseReducer(FlatLayout([("flat", param)]), compression, comm,
+                                ReduceOp(hvd.Average))
+        out = {}
+        for t in range(skip + 2):
+            grad = rank_gradient(comm.rank, t, NUMEL, SEED)
+            if t == skip and comm.rank == 1:
+                grad[7] = math.nan
+            param.grad = grad
+            if t == skip:
+                out["agreed"] = compression.union.flat.tolist()
+                out["ages_before"] = compression.ages.last.clone()
+            stats = reducer.reduce()
+            if t == skip:
+                out["skipped"] = stats.nonfinite and bool(param.grad.isnan().all())
+                compression._undo_early_restart()
+                out["ages_given_back"] = torch.equal(compression.ages.last,
+                                                     out.pop("ages_before"))
+            if t == skip + 1:
+                out["applied"] = torch.nonzero(param.grad).view(-1).tolist()
+        return out
+
+    for got in LoopbackGroup(2).run(rank_body):
+        assert got["skipped"] and got["ages_given_back"]
+        assert got["agreed"] and set(got["applied"]) <= set(got["agreed"])
+        assert len(got["applied"]) >= len(got["agreed"]) - 1  # a sum may be exactly 0

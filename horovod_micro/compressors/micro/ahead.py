@@ -68,26 +68,29 @@ EXACT_POSITIONS = 1 << 24
 class Agreed:
     """The coordinates a step applies, as every rank received them: ``slots`` ``(n, C)``
     absolute coordinates, ``valid`` which are in use, ``counts`` per row; row ``r`` lies in
-    the part rank ``r`` owns at that step. What each step needs of it is derived once."""
+    the part rank ``r`` owns at iteration ``step`` (the one they were chosen for; a skipped
+    step leaves them to the next). What each step needs of it is derived once."""
 
     def __init__(self, slots: torch.Tensor, valid: torch.Tensor, counts: list[int],
-                 numel: int):
-        self.slots, self.valid, self.counts = slots, valid, counts
+                 step: int, numel: int):
+        self.slots, self.valid, self.counts, self.step = slots, valid, counts, step
         self.positions = valid.view(-1).nonzero().view(-1)  # in the flat (n * C) slots
         self.flat = slots.view(-1).index_select(0, self.positions)
         self.indices = self.flat.to(index_dtype(numel))
         self.rows = torch.split(self.flat, counts)
 
     @classmethod
-    def load(cls, slots: torch.Tensor, valid: torch.Tensor, numel: int) -> Agreed:
-        return cls(slots, valid, valid.sum(1).tolist(), numel)
+    def load(cls, slots: torch.Tensor, valid: torch.Tensor, step: int, numel: int) -> Agreed:
+        return cls(slots, valid, valid.sum(1).tolist(), step, numel)
 
     def to(self, device: torch.device, numel: int) -> Agreed:
-        return Agreed(self.slots.to(device), self.valid.to(device), self.counts, numel)
+        return Agreed(self.slots.to(device), self.valid.to(device), self.counts, self.step,
+                      numel)
 
-    def in_part(self, owner: int, start: int) -> torch.Tensor:
-        """The positions of row ``owner`` (the part's owner at that step) in its part."""
-        return self.rows[owner] - start
+    def in_part(self, part: int, start: int) -> torch.Tensor:
+        """Its coordinates in ``part`` (starting at ``start``), as positions there: the row
+        of the rank that owned the part at :attr:`step`."""
+        return self.rows[(part - self.step) % len(self.rows)] - start
 
 
 def guess_error(guess) -> str | None:
@@ -132,6 +135,8 @@ class MicroAheadCompressor(MicroCompressor):
         self.weight = 2.0 if self.guess is None else self.guess
         self.union: Agreed | None = None  # U_t
         self.saved: tuple[int, torch.Tensor] | None = None  # (t, e_t on t's next part)
+        # Ages restarted by the selection before the step's outcome: (indices, old stamps).
+        self._early: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def config(self) -> dict:
         return {**super().config(), "guess": "auto" if self.guess is None else self.guess}
@@ -158,7 +163,7 @@ class MicroAheadCompressor(MicroCompressor):
             raise ValueError(
                 f"micro_ahead: a part of {largest} elements (N / n at {size} ranks) is above "
                 f"2**24, where float32 no longer carries its positions exactly; use micro")
-        self.union = self.saved = None  # rows of another shape: the next step applies nothing
+        self.union = self.saved = self._early = None  # the next step applies nothing
 
     def modeled_bytes(self, size: int, numel: int) -> float:
         """One ring allreduce of ``n`` rows of ``C`` values, ``C`` next positions and the
@@ -177,18 +182,28 @@ class MicroAheadCompressor(MicroCompressor):
             self.union = self.union.to(acc.device, self.numel)
         part = owned_part(self.comm.rank, iteration + 1, self.comm.size)
         start, end = self.bounds[part]
-        judged = acc[start:end].clone()
-        applied = self._applied_in(part, start, iteration)
-        if applied is not None:
-            judged.index_fill_(0, applied, 0.0)  # e_{t+1}: what this step leaves
+        segment, applied = acc[start:end], self._applied_in(part, start)
         if self.weight and self.saved is not None and self.saved[0] == iteration:
-            judged.add_(acc[start:end] - self.saved[1], alpha=self.weight)  # + w g_t
+            # One pass: (1 + w) a - w e, which is e_{t+1} + w g_t wherever this step leaves
+            # a_t in the residual; where it applies U_t, e_{t+1} is 0 and only w g_t stays.
+            saved = self.saved[1]
+            judged = torch.lerp(saved, segment, 1.0 + self.weight)
+            if applied is not None:
+                judged.index_copy_(0, applied, (segment.index_select(0, applied)
+                                                - saved.index_select(0, applied)) * self.weight)
+        else:
+            judged = segment.clone()
+            if applied is not None:
+                judged.index_fill_(0, applied, 0.0)  # e_{t+1}: what this step leaves
         now = iteration + 2  # the next step's
         last = None
         if self.ages is not None:
-            last = self.ages.at(acc.device, now)[start:end].clone()
-            if applied is not None:
-                last.index_fill_(0, applied, stamp(iteration + 1))  # they restart at t + 1
+            self._undo_early_restart()
+            last = self.ages.at(acc.device, now)[start:end]
+            if applied is not None:  # U_t restarts at t + 1 (observe: all of it), undone if
+                # this step is skipped
+                self._early = (applied + start, last.index_select(0, applied))
+                last.index_fill_(0, applied, stamp(iteration + 1))
             self.selector.bind(judged, last, now, self.ages.wait(now))
         indices, threshold, report = self.controller.select(
             judged, 0, end - start, part, self.selector, self.rms_scale)
@@ -202,12 +217,18 @@ class MicroAheadCompressor(MicroCompressor):
             indices = indices.index_select(0, keep.sort().values)
         return Selection(indices, report=report, selected=selected, threshold=threshold)
 
-    def _applied_in(self, part: int, start: int, iteration: int) -> torch.Tensor | None:
-        """The positions of ``U_t`` in ``part`` (starting at ``start``): the row of the rank
-        that owned it at ``t``; None if nothing is agreed."""
-        if self.union is None:
-            return None
-        return self.union.in_part((part - iteration) % self.comm.size, start)
+    def _undo_early_restart(self) -> None:
+        """The last selection restarted its part's share of ``U_t`` ahead of the step's
+        outcome; a step that was not applied (skipped, or raised) gives it back."""
+        if self._early is not None:
+            indices, stamps = self._early
+            self.ages.last.index_copy_(0, indices, stamps)
+            self._early = None
+
+    def _applied_in(self, part: int, start: int) -> torch.Tensor | None:
+        """The positions of ``U_t`` in ``part`` (starting at ``start``); None if nothing is
+        agreed."""
+        return None if self.union is None else self.union.in_part(part, start)
 
     def exchange(self, acc: torch.Tensor, selection: Selection, status, iteration: int,
                  reduction: ReduceOp, traffic: Traffic) -> Aggregate:
@@ -243,7 +264,8 @@ class MicroAheadCompressor(MicroCompressor):
                 0, self.union.positions), n)
         waited = (self.ages.waited(union, iteration + 1) if self.ages is not None
                   and union.numel() else None)
-        learned = (Agreed(gathered.slots, gathered.valid, gathered.sent_counts, self.numel),
+        learned = (Agreed(gathered.slots, gathered.valid, gathered.sent_counts, iteration + 1,
+                          self.numel),
                    self._residual_next(acc, iteration))
         return Aggregate(union, summed, union, gathered, selection.threshold,
                          iteration=iteration, learned=learned, waited=waited)
@@ -276,7 +298,7 @@ class MicroAheadCompressor(MicroCompressor):
         part = owned_part(self.comm.rank, iteration + 2, self.comm.size)
         start, end = self.bounds[part]
         residual = acc[start:end].clone()
-        applied = self._applied_in(part, start, iteration)
+        applied = self._applied_in(part, start)
         if applied is not None:
             residual.index_fill_(0, applied, 0.0)
         return iteration + 1, residual
@@ -290,20 +312,22 @@ class MicroAheadCompressor(MicroCompressor):
         self.last_threshold = reduced.threshold
         self._cuts.observe(gathered, self.comm.rank == 0, self.slots)
         self.union, self.saved = reduced.learned
+        self._early = None  # applied: the early restart stands
 
     def state_dict(self) -> dict:
         state = super().state_dict()
         if self.union is not None:
-            state["union"] = [self.union.slots.cpu().clone(), self.union.valid.cpu().clone()]
+            state["union"] = [self.union.slots.cpu().clone(), self.union.valid.cpu().clone(),
+                              self.union.step]
         return state
 
     def load_state_dict(self, state: dict) -> None:
         union = state.get("union")
-        if union is not None and (len(union) != 2 or tuple(union[0].shape)
+        if union is not None and (len(union) != 3 or tuple(union[0].shape)
                                   != (self.comm.size, self.slots)):
             raise ValueError("micro_ahead: this state's agreed coordinates were made for "
                              "another number of ranks or slots")
         super().load_state_dict(state)
         # On the host; select() moves it to the gradient's device.
         self.union = None if union is None else Agreed.load(*union, self.numel)
-        self.saved = None  # g_t is not in a checkpoint: the next step judges e alone
+        self.saved = self._early = None  # g_t is not in a checkpoint: e alone is judged next
