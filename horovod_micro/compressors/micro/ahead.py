@@ -164,6 +164,7 @@ class MicroAheadCompressor(MicroCompressor):
                 f"micro_ahead: a part of {largest} elements (N / n at {size} ranks) is above "
                 f"2**24, where float32 no longer carries its positions exactly; use micro")
         self.union = self.saved = self._early = None  # the next step applies nothing
+        self._buffers: dict[str, torch.Tensor] = {}
 
     def modeled_bytes(self, size: int, numel: int) -> float:
         """One ring allreduce of ``n`` rows of ``C`` values, ``C`` next positions and the
@@ -183,16 +184,17 @@ class MicroAheadCompressor(MicroCompressor):
         part = owned_part(self.comm.rank, iteration + 1, self.comm.size)
         start, end = self.bounds[part]
         segment, applied = acc[start:end], self._applied_in(part, start)
+        judged = self._buffer("judged", segment)
         if self.weight and self.saved is not None and self.saved[0] == iteration:
             # One pass: (1 + w) a - w e, which is e_{t+1} + w g_t wherever this step leaves
             # a_t in the residual; where it applies U_t, e_{t+1} is 0 and only w g_t stays.
             saved = self.saved[1]
-            judged = torch.lerp(saved, segment, 1.0 + self.weight)
+            torch.lerp(saved, segment, 1.0 + self.weight, out=judged)
             if applied is not None:
                 judged.index_copy_(0, applied, (segment.index_select(0, applied)
                                                 - saved.index_select(0, applied)) * self.weight)
         else:
-            judged = segment.clone()
+            judged.copy_(segment)
             if applied is not None:
                 judged.index_fill_(0, applied, 0.0)  # e_{t+1}: what this step leaves
         now = iteration + 2  # the next step's
@@ -216,6 +218,16 @@ class MicroAheadCompressor(MicroCompressor):
             keep = torch.topk(scores.abs(), self.slots, sorted=False).indices
             indices = indices.index_select(0, keep.sort().values)
         return Selection(indices, report=report, selected=selected, threshold=threshold)
+
+    def _buffer(self, name: str, like: torch.Tensor) -> torch.Tensor:
+        """A buffer of ``like``'s size, reused from step to step (a part's size, at most
+        one apart between parts): a fresh N / n tensor each step costs its page faults."""
+        buffer = self._buffers.get(name)
+        if (buffer is None or buffer.numel() < like.numel() or buffer.dtype != like.dtype
+                or buffer.device != like.device):
+            buffer = self._buffers[name] = torch.empty(max(self._part_sizes()),
+                                                       dtype=like.dtype, device=like.device)
+        return buffer[:like.numel()]
 
     def _undo_early_restart(self) -> None:
         """The last selection restarted its part's share of ``U_t`` ahead of the step's
@@ -297,7 +309,9 @@ class MicroAheadCompressor(MicroCompressor):
             return None
         part = owned_part(self.comm.rank, iteration + 2, self.comm.size)
         start, end = self.bounds[part]
-        residual = acc[start:end].clone()
+        # Into the buffer the judge read this step's e_t from: a skipped step leaves the
+        # tag at t, so the next step makes no guess from it.
+        residual = self._buffer("saved", acc[start:end]).copy_(acc[start:end])
         applied = self._applied_in(part, start)
         if applied is not None:
             residual.index_fill_(0, applied, 0.0)
