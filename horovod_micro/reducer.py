@@ -350,6 +350,7 @@ class SparseReducer(ReducerCheckpoint):
         nonfinite = reduced.gathered.nonfinite() or (
             not proven and self.layout.any_unrepresentable(reduced.indices, reduced.values))
         if nonfinite:
+            self.compressor.skipped()
             self._written = self.applied = None
             residual_norm = skip_nonfinite(self.residual, self.output, self.layout, reduced)
         else:

@@ -892,3 +892,43 @@ def test_adam_at_the_same_bytes():
     at16 = [gap("adamw", 16, s) for s in (1, 2)]
     assert f"({min(at16):.1f}-{max(at16):.1f} with float16 values at 1.5x the density" in prose(
         "README.md")
+
+
+def micro_ahead_time_sentence() -> str:
+    """BENCHMARKS.md's time per iteration of the shipped micro_ahead, from the runs in
+    iteration-ranks.json (``micro_ahead``): bench.iteration_ranks' medians on 8 Gloo and 8
+    MPI ranks, and bench.pipeline's paired ratios in the 1 Gbit/s cell."""
+    data = json.loads((ROOT / "bench" / "results" / "iteration-ranks.json").read_text())
+    data = data["micro_ahead"]
+    ahead = {**shipped(0.01), "method": "micro_ahead", "guess": "auto"}
+    for key in ("np8_gloo", "np8_mpi"):
+        runs = data[key]["runs"]
+        assert data[key]["ranks"] == 8 and data[key]["backend"] == key[-4:].strip("_")
+        assert all(r["compression_config"] == shipped(0.01) for r in runs["micro"])
+        assert all(r["compression_config"] == ahead for r in runs["micro-ahead"])
+        assert len(runs["dense"]) == len(runs["micro"]) == len(runs["micro-ahead"]) >= 3
+
+    def times(key, variant):
+        runs = data[key]["runs"]
+        dense = statistics.median(r["total"] for r in runs["dense"])
+        return f"{statistics.median(r['total'] for r in runs[variant]) / dense:.2f}x"
+    wide = data["wide_mlp_1gbit"]
+    assert all(r["args"]["np"] == 2 and r["args"]["model"] == "wide_mlp"
+               and r["args"]["rate"] == "1gbit" for r in wide)
+    assert all(r["summary"]["micro-ahead"]["compression_config"]
+               == {**ahead, "density": r["args"]["density"]} for r in wide)
+
+    def span(variant):
+        got = sorted(r["summary"][variant]["paired_x_compute"] for r in wide)
+        return f"{got[0]:.2f}-{got[-1]:.2f}x"
+    return (f"on 8 Gloo ranks {times('np8_gloo', 'micro-ahead')} dense's iteration (MiCRO "
+            f"{times('np8_gloo', 'micro')}), on 8 MPI ranks {times('np8_mpi', 'micro-ahead')} "
+            f"(MiCRO {times('np8_mpi', 'micro')}), medians of "
+            f"{len(data['np8_gloo']['runs']['dense'])} and {len(data['np8_mpi']['runs']['dense'])}"
+            f" alternated runs; in the 1 Gbit/s "
+            f"cell, over {len(wide)} runs against compute-only, {span('micro-ahead')} (MiCRO "
+            f"{span('micro')}, `ahead-one` {span('ahead-one')}, `ef-floor` {span('ef-floor')})")
+
+
+def test_micro_ahead_time_per_iteration():
+    assert micro_ahead_time_sentence() in prose("BENCHMARKS.md")

@@ -299,6 +299,11 @@ class Compressor:
         """Learn from an applied step's result, from ``reduced`` alone (default:
         nothing). Not called for a skipped (non-finite) step."""
 
+    def skipped(self) -> None:
+        """The step just exchanged was not applied (non-finite): drop whatever the
+        selection did ahead of the step's outcome (``micro_ahead``'s early restart of the
+        ages). Default: nothing; :meth:`observe` is not called for such a step."""
+
     def threshold(self) -> float | None:
         """The method's current threshold, for statistics (None: it has none)."""
         return None

@@ -29,15 +29,21 @@ optimizer (Adam's kind has ``betas``).
 The first step applies nothing (no coordinates are agreed yet): its gradient waits in the
 residual. The values sent are those of ``a_t`` itself, never a step old.
 
-Costs and limits:
+Costs and limits (figures: BENCHMARKS.md, "Choosing the coordinates a step ahead"):
 
-* 16 bytes per coordinate on a ring allreduce (the index travels with the values) against
-  MiCRO's 12, in one collective instead of two;
-* the guess keeps ``g_t`` only for the part owned next: ``N / n`` entries per rank, which
-  a checkpoint does not hold; the first step after a load or an elastic reset ranks the
-  residual alone, and an elastic reset applies nothing at its first step;
-* ``fp16_values`` would round the indices, and the per-part controller with fixed slots is
-  what makes the shape fixed: both are required as stated in :meth:`config_error`.
+* 16 bytes per coordinate on a ring allreduce (the positions travel with the values)
+  against MiCRO's 12, in one collective instead of two;
+* per step, a copy of the residual's next part (``N / n``, for the guess ``g = a - e``) and
+  one pass to form the judged vector, beside MiCRO's threshold pass: where a step is bound
+  by memory passes over a large part (2 ranks of a 12.6M-weight model) that costs more than
+  the gather saves; where collectives' latency dominates (8 ranks of a small model) it wins;
+* no checkpoint holds the copy: the first step after a load judges the residual alone; an
+  elastic reset drops the agreed coordinates, so its first step applies nothing;
+* the choice takes the host rule (on a GPU, host reads), and the positions travel as float
+  words: ``fp16_values`` and exact sizes are refused (:meth:`config_error`), and a part
+  must be below ``2**24`` elements.
+
+Tune: ``density`` as for ``micro``; ``guess`` only to override the family rule.
 """
 
 from __future__ import annotations
@@ -229,9 +235,13 @@ class MicroAheadCompressor(MicroCompressor):
                                                        dtype=like.dtype, device=like.device)
         return buffer[:like.numel()]
 
+    def skipped(self) -> None:
+        self._undo_early_restart()
+
     def _undo_early_restart(self) -> None:
         """The last selection restarted its part's share of ``U_t`` ahead of the step's
-        outcome; a step that was not applied (skipped, or raised) gives it back."""
+        outcome; a step that was not applied gives it back: at once where it was skipped
+        (:meth:`skipped`), at the next selection where its exchange raised."""
         if self._early is not None:
             indices, stamps = self._early
             self.ages.last.index_copy_(0, indices, stamps)
