@@ -61,11 +61,7 @@ class StaleMicroCompressor(MicroCompressor):
     def select(self, acc: torch.Tensor, iteration: int):
         self._acc = acc
         before = self._before if self._before is not None else torch.zeros_like(acc)
-        return super().select(self.judged(acc, before), iteration)
-
-    def judged(self, acc: torch.Tensor, before: torch.Tensor) -> torch.Tensor:
-        """What the owner chooses in, from ``a_t`` and ``e_{t-1}``: here ``e_{t-1}``."""
-        return before
+        return super().select(before, iteration)
 
     def observe(self, reduced) -> None:
         super().observe(reduced)

@@ -7,7 +7,7 @@ import re
 
 import horovod.torch as hvd
 import torch
-from simulation import feed_gradients
+from simulation import feed_gradients, rank_gradient
 
 import horovod_micro as hvm
 from horovod_micro.compression import takes_density
@@ -206,8 +206,6 @@ def ahead_resume(numel, iterations, resume_at, seed=3):
     """micro_ahead run straight through and resumed from a state saved after step
     ``resume_at - 1`` on a fresh optimizer: each run's exchanged gradients, the judge's
     weight under SGD and under Adam."""
-    from simulation import rank_gradient
-
     def run(start, state=None):
         compression = hvm.Compression.micro_ahead(density=0.02)
         opt, param = _flat_param_optimizer(numel, compression)

@@ -109,14 +109,18 @@ def check_micro(n, controller, device="cpu", judge=None):
             assert step["rank_counts"] == [len(s) for s in sim[t]["selections"]]
 
 
-@pytest.mark.parametrize("n,op", [(2, "average"), (4, "sum"), (5, "average"),
-                                  (6, "average"), (7, "sum")])
-def test_micro_ahead_on_loopback_ranks_equals_simulation(n, op):
+@pytest.mark.parametrize("n,op,capacity", [(2, "average", None), (4, "sum", None),
+                                           (5, "average", None), (6, "average", None),
+                                           (7, "sum", None), (3, "average", 2)])
+def test_micro_ahead_on_loopback_ranks_equals_simulation(n, op, capacity):
     """The coordinates agreed a step ahead, at worker counts on and off the powers of two
-    and with either op, against simulate_micro_ahead."""
-    per_rank = loopback_traces(n, "micro_ahead", {"density": 0.02}, op=op)
-    grads = [[rank_gradient(r, t, NUMEL, SEED) for r in range(n)] for t in range(ITERATIONS)]
-    slots = math.ceil(1.2 * int(0.02 * NUMEL) / n)
+    and with either op, against simulate_micro_ahead; with 2 slots per rank every choice
+    overflows and keeps its highest drift scores."""
+    kwargs = {"density": 0.02} if capacity is None else {"density": 0.02, "capacity": capacity}
+    iterations = ITERATIONS if capacity is None else 3 * ITERATIONS  # ages spread out
+    per_rank = loopback_traces(n, "micro_ahead", kwargs, op=op, iterations=iterations)
+    grads = [[rank_gradient(r, t, NUMEL, SEED) for r in range(n)] for t in range(iterations)]
+    slots = capacity or math.ceil(1.2 * int(0.02 * NUMEL) / n)
     sim = simulate_micro_ahead(grads, BoundedRule(0.02, NUMEL, n), n, guess=2.0,
                                capacity=slots, average=op == "average")
     for r, trace in enumerate(per_rank):
@@ -125,6 +129,8 @@ def test_micro_ahead_on_loopback_ranks_equals_simulation(n, op):
             torch.testing.assert_close(torch.tensor(step["residual"]), sim[t]["residual"][r])
             assert step["rank_counts"] == [len(s) for s in sim[t]["selections"]]
     assert sum(len(step["applied"]) for step in sim) > 0
+    if capacity is not None:  # every choice was cut to the slots
+        assert all(sum(step["picked"]) > n * capacity for step in sim)
 
 
 def test_a_failing_rank_fails_the_group_instead_of_hanging():

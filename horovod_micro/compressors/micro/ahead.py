@@ -60,8 +60,8 @@ from ...stats import ring_allreduce_bytes
 from ...status import BOUNDED, CODE_BITS, split_status
 from ..base import Aggregate, ReduceOp, as_float
 from ..registry import register
-from .compressor import MicroCompressor
-from .drift import drift_scores, stamp
+from .compressor import MicroCompressor, cut_to_slots
+from .drift import stamp
 from .partition import owned_part, part_bounds
 
 #: Words per rank in the allreduce's header: status code (with the bounded flag), check
@@ -204,7 +204,6 @@ class MicroAheadCompressor(MicroCompressor):
             if applied is not None:
                 judged.index_fill_(0, applied, 0.0)  # e_{t+1}: what this step leaves
         now = iteration + 2  # the next step's
-        last = None
         if self.ages is not None:
             self._undo_early_restart()
             last = self.ages.at(acc.device, now)[start:end]
@@ -217,12 +216,7 @@ class MicroAheadCompressor(MicroCompressor):
             judged, 0, end - start, part, self.selector, self.rms_scale)
         selected = indices.numel()
         if selected > self.slots:  # the highest scores go, the rest stays in the residual
-            scores = judged.index_select(0, indices.long())
-            if last is not None:
-                scores = drift_scores(scores, last.index_select(0, indices.long()), now,
-                                      self.ages.wait(now))
-            keep = torch.topk(scores.abs(), self.slots, sorted=False).indices
-            indices = indices.index_select(0, keep.sort().values)
+            indices = cut_to_slots(judged, indices, self.slots, self.ages, now, offset=start)
         return Selection(indices, report=report, selected=selected, threshold=threshold)
 
     def _buffer(self, name: str, like: torch.Tensor) -> torch.Tensor:

@@ -114,13 +114,14 @@ def values_in_slots(acc: torch.Tensor, slots: torch.Tensor, valid: torch.Tensor,
 
 
 def cut_to_slots(acc: torch.Tensor, indices: torch.Tensor, slots: int,
-                 ages: DriftAges | None, now: int) -> torch.Tensor:
+                 ages: DriftAges | None, now: int, offset: int = 0) -> torch.Tensor:
     """The overflow rule: of the selected ``indices``, the ``slots`` with the highest
     scores (``|a|``, or the drift score), in ascending order; the rest stays in the
-    residual. O(selected), only on a step that overflows."""
+    residual. O(selected), only on a step that overflows. ``offset``: where ``acc`` starts
+    in the flat vector the ages cover (``acc`` a part, ``indices`` positions in it)."""
     values = acc.index_select(0, indices.long())
     if ages is not None:
-        values = ages.scores(values, indices.long(), now)
+        values = ages.scores(values, indices.long() + offset, now)
     keep = torch.topk(values.abs(), slots, sorted=False).indices
     return indices.index_select(0, keep.sort().values)
 
