@@ -4,8 +4,8 @@ MiCRO's own exchange runs two dependent collectives after backward: the owners' 
 are gathered, and only then can the values at them be summed. In this method the
 coordinates that step ``t`` applies, ``U_t``, were chosen and agreed during step ``t - 1``,
 so step ``t`` needs a single allreduce, which carries three things in one flat vector of
-the buffer's dtype (each rank fills its own rows, the others hold zeros, so a sum hands every rank
-every rank's rows exactly):
+the buffer's dtype (each rank fills its own rows, the others hold zeros, so a sum hands
+every rank every rank's rows exactly):
 
 * the values: this rank's ``a_t`` at ``U_t``, in ``n`` rows of ``C`` slots (MiCRO's fixed
   shape, ``C = ceil(1.2 k / n)``); after the sum, the aggregate;
