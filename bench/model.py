@@ -75,7 +75,9 @@ def ideal_bytes(n: int, k: float) -> float:
 
 
 def ring_steps(method: str, n: int) -> int:
+    # micro_ahead: one allreduce (values and next positions), no gather.
     return {"none": 2 * (n - 1), "fp16": 2 * (n - 1), "micro": 3 * (n - 1),
+            "micro_ahead": 2 * (n - 1),
             "topk": 2 * (n - 1), "threshold": 2 * (n - 1), "cltk": 3 * (n - 1),
             "randomk": 2 * (n - 1), "gtopk": 2 * math.ceil(math.log2(n)) + n - 1}[method]
 
@@ -111,7 +113,7 @@ class Inputs:
                 self.lat[(rate, float(d))] = max(v["mean_ms"] / 1e3 - wire, 0.0)
 
     def select(self, method: str, n: int, d: float) -> float:
-        if method == "micro":
+        if method in ("micro", "micro_ahead"):  # the same threshold pass over N / n
             table = self.sel[("micro", d)]
             if n in table:
                 return table[n]
@@ -261,10 +263,11 @@ def main() -> None:
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"ns": ns, "projection": projection,
                                      "compute": inp.compute, "local": inp.local,
-                                     "latency": inp.lat}, indent=1))
+                                     "latency": {f"{rate}|{d}": v for (rate, d), v
+                                                 in inp.lat.items()}}, indent=1))
     try:
         plot(projection, ns, args.figure)
-        print(f"figure: {args.figure.relative_to(REPO)}")
+        print(f"figure: {args.figure}")
     except ImportError:
         pass
 

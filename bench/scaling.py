@@ -48,10 +48,15 @@ fraction of the applied coordinates lie in the top k of the workers' summed accu
     .venv/bin/python -m bench.scaling --model text_transformer --dataset python-text \\
         --optimizer adamw --json bench/results/scaling-text.json
 
+``--partition random`` (or ``blocks:B``) is an experiment on the partition: the workers'
+gradients reach the reducers permuted, so that every part MiCRO's contiguous split makes
+is a sample of every layer (:func:`mixing_order`).
+
 Writes ``--json`` (every run, with its curve; a run already there with the same method, n,
-seed, density, epochs, optimizer, lr and lr scaling is reused, not trained again) and, with
-``--figures DIR``, ``scaling-accuracy.png`` (``scaling-val-loss.png`` for a language
-model: the final metric against n, one line per method) and ``scaling-bytes.png`` (bytes
+seed, density, epochs, optimizer, lr, lr scaling, model and partition is reused, not
+trained again) and, with ``--figures DIR``, ``scaling-accuracy.png``
+(``scaling-val-loss.png`` for a language model: the final metric against n, one line per
+method) and ``scaling-bytes.png`` (bytes
 per rank per step against n).
 """
 
@@ -74,7 +79,7 @@ import horovod_micro as hvm
 from horovod_micro.compression import takes_density
 from horovod_micro.compressors.base import ReduceOp, config_of
 from horovod_micro.layout import FlatLayout
-from horovod_micro.momentum import masking
+from horovod_micro.momentum import Arrived, masking
 from horovod_micro.reducer import SparseReducer
 from horovod_micro.stats import ring_allreduce_bytes
 from horovod_micro.testing.loopback import LoopbackGroup
@@ -230,12 +235,30 @@ class Diagnosis:
         })
 
 
+def mixing_order(numel: int, n: int, partition: str) -> torch.Tensor | None:
+    """The order in which the simulator hands each worker's flat gradient to its reducer,
+    for ``partition`` (an experiment, not what the plugin does): None for ``contiguous``,
+    the model's own order, in which MiCRO's parts are contiguous runs of the layers;
+    ``random``, one fixed random permutation, so that every part is a random sample of
+    every layer; ``blocks:B``, blocks of ``B`` coordinates dealt round-robin, part ``p``
+    holding the blocks ``p, p + n, ...`` (each part samples every layer at ``B``'s grain).
+    The aggregate goes back to the model's order before the optimizer applies it."""
+    if partition == "contiguous":
+        return None
+    if partition == "random":
+        return torch.randperm(numel, generator=torch.Generator().manual_seed(1234))
+    kind, _, size = partition.partition(":")
+    if kind != "blocks" or not size.isdigit() or int(size) < 1:
+        raise ValueError(f"partition: contiguous, random or blocks:B, got {partition!r}")
+    return torch.argsort(torch.arange(numel) // int(size) % n, stable=True)
+
+
 def train(method: str, *, n: int, density: float, epochs: float, seed: int = 1,
           dataset: str = "fashion-mnist", model_name: str = "fmnist_mlp",
           batch_size: int = 32, optimizer: str = "nesterov", lr: float | None = None,
           lr_scaling: str | None = None, lr_cap: float | None = None,
           warmup_epochs: float = 0.5, evaluations_per_epoch: int = 8,
-          report=print) -> dict:
+          partition: str = "contiguous", report=print) -> dict:
     """One run of ``method`` (``name[:kwargs]``, or ``dense``) with n workers.
     ``optimizer`` is one of :data:`OPTIMIZERS`; ``lr`` and ``lr_scaling`` default by its
     family (:func:`optimizer_defaults`)."""
@@ -296,6 +319,8 @@ def train(method: str, *, n: int, density: float, epochs: float, seed: int = 1,
             sent.append(ring_allreduce_bytes(layout.numel * 4, n)[0])
     else:
         group = LoopbackGroup(n, timeout=600.0)
+        mixing = mixing_order(layout.numel, n, partition)
+        back = None if mixing is None else torch.argsort(mixing)
 
         def rank_body(comm):
             rank = comm.rank
@@ -316,23 +341,29 @@ def train(method: str, *, n: int, density: float, epochs: float, seed: int = 1,
                     grads = gradients(*batches(it, perm))
                     if it % DIAGNOSE_EVERY == 0:
                         summed = torch.stack([r.residual for r in reducers]).sum(0)
+                        summed = summed if back is None else summed[back]
                         residual_norm = float(summed.norm())
                         summed += grads.sum(0)
                 grads = group.share(rank, grads)[0]
-                for p, view in zip(params, layout.views(grads[rank])):
+                mine = grads[rank] if mixing is None else grads[rank][mixing]
+                for p, view in zip(params, layout.views(mine)):
                     p.grad = view.clone()
                 stats = reducer.reduce()
-                aggregate = reducer.output
+                aggregate, applied = reducer.output, reducer.applied
+                if mixing is not None:  # back to the model's order
+                    aggregate = aggregate[back]
+                    applied = None if applied is None else Arrived(
+                        mixing[applied.indices.long()], applied.waited)
                 sizes = group.share(rank, stats.bytes_sent)
                 if rank == 0:
                     sent.append(max(sizes))
                     # A rank's selection cut to the exchange's capacity (what it picked
                     # exceeds what travelled).
                     cuts[0] += sum(stats.rank_counts) > stats.global_count
-                    if reducer.applied is not None:
-                        diagnosis.record(it, summed, reducer.applied.indices, aggregate,
+                    if applied is not None:
+                        diagnosis.record(it, summed, applied.indices, aggregate,
                                          residual_norm)
-                    apply(it, aggregate, reducer.applied, reducer.compressor)
+                    apply(it, aggregate, applied, reducer.compressor)
                 group.share(rank, None)  # the weights are updated before the next step
 
         group.run(rank_body)
@@ -343,6 +374,7 @@ def train(method: str, *, n: int, density: float, epochs: float, seed: int = 1,
             "compression_config": config_of(compressors[0] if sparse else None),
             "dataset": dataset, "model": model_name, "optimizer": optimizer_name,
             "lr": lr, "lr_scaling": lr_scaling, "peak_lr": peak, "iterations": iters,
+            **({} if partition == "contiguous" else {"partition": partition}),
             "metric": metric, "final_metric": final_value,
             **({"final_accuracy": final_value} if metric == "accuracy" else {}),
             "curve": curve,
@@ -465,6 +497,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--model", default="fmnist_mlp",
                    help="fmnist_mlp, fmnist_lenet, digits_cnn, ...; text_transformer with "
                         "--dataset python-text")
+    p.add_argument("--partition", default="contiguous",
+                   help="an experiment: the parts MiCRO's contiguous split meets; random (a "
+                        "fixed permutation of the flat gradient) or blocks:B (blocks of B "
+                        "dealt round-robin) make every part a sample of every layer")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--figures", type=Path, default=None)
@@ -483,13 +519,15 @@ def main(argv: Sequence[str] | None = None) -> None:
                                                 r["density"], r["epochs"],
                                                 r.get("optimizer", "nesterov"),
                                                 r.get("lr", 0.1),
-                                                r.get("lr_scaling", "linear"))
+                                                r.get("lr_scaling", "linear"),
+                                                r.get("partition", "contiguous"),
+                                                r.get("model", "fmnist_mlp"))
                         == (method, n, seed, args.density, args.epochs, args.optimizer,
-                            lr, lr_scaling)]
+                            lr, lr_scaling, args.partition, args.model)]
                 run = done[0] if done else train(
                     method, n=n, density=args.density, epochs=args.epochs, seed=seed,
                     dataset=args.dataset, model_name=args.model, optimizer=args.optimizer,
-                    lr=lr, lr_scaling=lr_scaling, lr_cap=args.lr_cap,
+                    lr=lr, lr_scaling=lr_scaling, lr_cap=args.lr_cap, partition=args.partition,
                     report=(lambda _: None) if args.quiet else print)
                 run.pop("weights", None)
                 runs.append(run)

@@ -932,3 +932,88 @@ def micro_ahead_time_sentence() -> str:
 
 def test_micro_ahead_time_per_iteration():
     assert micro_ahead_time_sentence() in prose("BENCHMARKS.md")
+
+
+def wide_mlp_bandwidth_rows() -> list[str]:
+    """BENCHMARKS.md's rows of the communication-bound model on rate-limited links, from
+    ``bandwidth-wide_mlp.json`` (default SGD update) and ``-fused.json``: MiCRO ran as
+    ``micro`` with no option set (the shipped defaults) at d = 0.001."""
+    rows = []
+    for rate, link in (("1gbit", "1 Gbit/s"), ("none", "unlimited")):
+        for update in ("default", "fused"):
+            suffix = "" if update == "default" else "-fused"
+            data = json.loads((ROOT / "bench" / "results"
+                               / f"bandwidth-wide_mlp{suffix}.json").read_text())[rate]
+            assert data["sgd"] == update and data["size"] == 2
+            got = {c["label"]: c for c in data["configs"]}
+            micro, topk = got["micro d=0.001"], got["topk d=0.001"]
+            assert micro["method"] == "micro" and micro["density"] == 0.001
+            ms = [round(got[k]["total"] * 1000) for k in ("compute", "none")]
+            ms += [round(c["total"] * 1000) for c in (micro, topk)]
+            ratios = [f"{micro['paired_x_compute']:.2f}", f"{micro['paired_dense_over']:.2f}",
+                      f"{topk['paired_over_micro']:.2f}"]
+            if rate == "1gbit" and update == "fused":
+                ratios[1:] = [f"**{r}**" for r in ratios[1:]]
+            rows.append(f"| {link} | {update} | " + " | ".join(map(str, ms)) + " | "
+                        + " | ".join(ratios) + " |")
+    return rows
+
+
+def test_wide_mlp_bandwidth_table():
+    text = (ROOT / "BENCHMARKS.md").read_text()
+    assert "**`wide_mlp`: communication-bound** (the shipped defaults;" in text
+    shown = table(text, "| link | SGD update |").splitlines()[2:]
+    assert shown == wide_mlp_bandwidth_rows()
+
+
+def partition_sentence() -> str:
+    """BENCHMARKS.md's figures of the partition experiment: points behind dense with the same
+    seed, for the plugin's contiguous parts (seeds 1 and 2 in ``scaling-defaults.json``, 3
+    in ``partition_mixing``), a random permutation and blocks of 64 dealt round-robin."""
+    mixing = OTHERS["partition_mixing"]["runs"]
+
+    def metric(model, optimizer, n, method, seed, partition):
+        got = [r["final_metric"] for r in RUNS + mixing
+               if (r["model"], r["optimizer"], r["n"], r["method"], r["seed"],
+                   r.get("partition", "contiguous"), r["density"], r["epochs"])
+               == (model, optimizer, n, method, seed, partition, 0.01, 3.0)]
+        assert len(got) == 1, (model, optimizer, n, method, seed, partition)
+        return got[0]
+
+    def gaps(model, optimizer, n, partition):
+        def gap(seed):
+            return 100 * (metric(model, optimizer, n, "dense", seed, "contiguous")
+                          - metric(model, optimizer, n, "micro", seed, partition))
+        return " / ".join(f"{gap(seed):.2f}" for seed in (1, 2, 3))
+    cells = [("AdamW at n = 16", ("fmnist_mlp", "adamw", 16)),
+             ("LeNet-5 at n = 8", ("fmnist_lenet", "nesterov", 8))]
+    return "; ".join(
+        f"{label}, contiguous (the plugin) {gaps(*cell, 'contiguous')}, a random permutation "
+        f"{gaps(*cell, 'random')}, blocks of 64 dealt round-robin {gaps(*cell, 'blocks:64')}"
+        for label, cell in cells)
+
+
+def test_partition_experiment_figures():
+    assert partition_sentence() in prose("BENCHMARKS.md")
+
+
+def finer_evaluation_sentence(hosts: int) -> str:
+    """BENCHMARKS.md's re-run of a 1 Gbit/s cell's seed 1 with a test evaluation every 5
+    iterations (25 in the cell's own runs): MiCRO's shipped defaults against PowerSGD rank 4
+    (``scaling-defaults.json``, ``time_to_accuracy_n{hosts}_1gbit_eval5``)."""
+    record = DEFAULTS[f"time_to_accuracy_n{hosts}_1gbit_eval5"]
+    assert "--eval-every 5" in record["command"] and f"--hosts {hosts}" in record["command"]
+    micro, psgd = record["rows"]["micro d=0.001"], record["rows"]["powersgd rank=4"]
+    assert micro["settings"] == UNSET and micro["world_size"] == hosts
+    assert psgd["settings"]["compressor_options"] == [["rank", 4]]
+    assert micro["seeds"] == psgd["seeds"] == [1]
+    m, p = micro["seed_times"]["1"], psgd["seed_times"]["1"]
+    later = (f"{m['0.85']:.1f} and {p['0.85']:.1f} s" if m["0.85"] is not None else
+             f"PowerSGD rank 4 at {p['0.85']:.1f} s, MiCRO not within the epoch")
+    return (f"MiCRO reached 80 % at {m['0.8']:.1f} s and PowerSGD rank 4 at {p['0.8']:.1f} s "
+            f"(85 %: {later}")
+
+
+@pytest.mark.parametrize("hosts", [4, 8])
+def test_finer_evaluation_on_seed_1(hosts):
+    assert finer_evaluation_sentence(hosts) in prose("BENCHMARKS.md")

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import horovod_micro as hvm
-from bench.scaling import main, parse_method, train
+from bench.scaling import main, mixing_order, parse_method, train
 from horovod_micro.stats import ring_allreduce_bytes
 
 RUN = dict(epochs=0.2, dataset="digits", model_name="digits_cnn", report=lambda line: None)
@@ -26,6 +26,23 @@ def test_at_density_one_a_sparse_method_is_dense_training():
         torch.testing.assert_close(run["weights"], dense["weights"], rtol=1e-4, atol=1e-6)
     sparse = train("micro", n=3, density=0.05, **RUN)
     assert not torch.allclose(sparse["weights"], dense["weights"], rtol=1e-3, atol=1e-4)
+
+
+def test_a_mixed_partition_applies_the_aggregate_in_the_models_order():
+    """The partition experiment permutes the gradients the reducers see; at k = N the
+    weights must still be dense training's, which they are not if the aggregate went back
+    to the model in the wrong order."""
+    assert mixing_order(10, 2, "blocks:2").tolist() == [0, 1, 4, 5, 8, 9, 2, 3, 6, 7]
+    assert sorted(mixing_order(10, 3, "random").tolist()) == list(range(10))
+    assert mixing_order(10, 3, "contiguous") is None
+    with pytest.raises(ValueError, match="blocks:B"):
+        mixing_order(10, 3, "blocks:0")
+    dense = train("dense", n=3, density=1.0, **RUN)
+    for partition in ("random", "blocks:7"):
+        run = train("micro:momentum_masking=False", n=3, density=1.0, partition=partition,
+                    **RUN)
+        assert run["partition"] == partition
+        torch.testing.assert_close(run["weights"], dense["weights"], rtol=1e-4, atol=1e-6)
 
 
 def test_records_bytes_and_diagnosis(tmp_path):
