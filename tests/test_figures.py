@@ -284,14 +284,17 @@ def test_every_defaults_run_recorded_the_shipped_configuration():
 
 
 def simulated(method: str, model: str, optimizer: str, n: int, seed: int,
-              peak_lr: float | None = None) -> dict:
-    """The one run of the off-the-grid table's recipe (3 epochs, d = 0.01)."""
-    found = [r for r in RUNS if r["method"] == method and r["n"] == n and r["seed"] == seed
+              peak_lr: float | None = None, *, runs: list[dict] = RUNS,
+              partition: str = "contiguous") -> dict:
+    """The one run of the off-the-grid table's recipe (3 epochs, d = 0.01) among ``runs``,
+    with MiCRO's parts as ``partition`` made them (``bench.scaling --partition``)."""
+    found = [r for r in runs if r["method"] == method and r["n"] == n and r["seed"] == seed
              and r["epochs"] == 3 and r.get("model", "fmnist_mlp") == model
              and r["density"] == 0.01
              and r.get("optimizer", "nesterov") == optimizer
+             and r.get("partition", "contiguous") == partition
              and (peak_lr is None or abs(r["peak_lr"] - peak_lr) < 1e-12)]
-    assert len(found) == 1, (method, model, optimizer, n, seed, len(found))
+    assert len(found) == 1, (method, model, optimizer, n, seed, partition, len(found))
     assert found[0]["density"] == 0.01 and found[0]["epochs"] == 3, found[0]
     return found[0]
 
@@ -970,20 +973,14 @@ def partition_sentence() -> str:
     """BENCHMARKS.md's figures of the partition experiment: points behind dense with the same
     seed, for the plugin's contiguous parts (seeds 1 and 2 in ``scaling-defaults.json``, 3
     in ``partition_mixing``), a random permutation and blocks of 64 dealt round-robin."""
-    mixing = OTHERS["partition_mixing"]["runs"]
-
-    def metric(model, optimizer, n, method, seed, partition):
-        got = [r["final_metric"] for r in RUNS + mixing
-               if (r["model"], r["optimizer"], r["n"], r["method"], r["seed"],
-                   r.get("partition", "contiguous"), r["density"], r["epochs"])
-               == (model, optimizer, n, method, seed, partition, 0.01, 3.0)]
-        assert len(got) == 1, (model, optimizer, n, method, seed, partition)
-        return got[0]
+    runs = RUNS + OTHERS["partition_mixing"]["runs"]
 
     def gaps(model, optimizer, n, partition):
         def gap(seed):
-            return 100 * (metric(model, optimizer, n, "dense", seed, "contiguous")
-                          - metric(model, optimizer, n, "micro", seed, partition))
+            dense = simulated("dense", model, optimizer, n, seed, runs=runs)
+            micro = simulated("micro", model, optimizer, n, seed, runs=runs,
+                              partition=partition)
+            return 100 * (dense["final_metric"] - micro["final_metric"])
         return " / ".join(f"{gap(seed):.2f}" for seed in (1, 2, 3))
     cells = [("AdamW at n = 16", ("fmnist_mlp", "adamw", 16)),
              ("LeNet-5 at n = 8", ("fmnist_lenet", "nesterov", 8))]
