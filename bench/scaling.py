@@ -514,6 +514,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     for seed in args.seeds:
         for n in args.workers:
             for method in args.methods:
+                # Dense has no parts: its runs are the same under any --partition.
+                partition = "contiguous" if method == "dense" else args.partition
                 # Records older than the optimizer choice ran the default recipe.
                 done = [r for r in previous if (r["method"], r["n"], r["seed"],
                                                 r["density"], r["epochs"],
@@ -523,11 +525,11 @@ def main(argv: Sequence[str] | None = None) -> None:
                                                 r.get("partition", "contiguous"),
                                                 r.get("model", "fmnist_mlp"))
                         == (method, n, seed, args.density, args.epochs, args.optimizer,
-                            lr, lr_scaling, args.partition, args.model)]
+                            lr, lr_scaling, partition, args.model)]
                 run = done[0] if done else train(
                     method, n=n, density=args.density, epochs=args.epochs, seed=seed,
                     dataset=args.dataset, model_name=args.model, optimizer=args.optimizer,
-                    lr=lr, lr_scaling=lr_scaling, lr_cap=args.lr_cap, partition=args.partition,
+                    lr=lr, lr_scaling=lr_scaling, lr_cap=args.lr_cap, partition=partition,
                     report=(lambda _: None) if args.quiet else print)
                 run.pop("weights", None)
                 runs.append(run)

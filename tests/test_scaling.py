@@ -75,6 +75,11 @@ def test_records_bytes_and_diagnosis(tmp_path):
           "digits_cnn", "--density", "0.05", "--methods", "micro", "--quiet",
           "--json", str(out)])
     assert json.loads(out.read_text()) == json.loads(before)
+    # Dense has no parts: under --partition its runs are the ones already there.
+    main(["--workers", "2", "--epochs", "0.3", "--dataset", "digits", "--model",
+          "digits_cnn", "--density", "0.05", "--methods", "dense", "--partition", "random",
+          "--quiet", "--json", str(out)])
+    assert json.loads(out.read_text()) == json.loads(before)
 
 
 def test_method_arguments():
