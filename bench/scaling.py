@@ -48,6 +48,15 @@ fraction of the applied coordinates lie in the top k of the workers' summed accu
     .venv/bin/python -m bench.scaling --model text_transformer --dataset python-text \\
         --optimizer adamw --json bench/results/scaling-text.json
 
+``oracle`` and ``oracle:parts=True`` are references, not methods: the exact top k of the n
+workers' *summed* accumulation (every worker keeps its residual; the chosen coordinates
+carry the workers' mean and leave every residual; Adam's moments take the bursts by their
+ages and the momentum is masked as MiCRO's defaults do), over the whole vector or per
+part, each part's share of k from that part. No worker can see that sum without sending
+its whole residual: they bound what any selection at this density could reach, and
+``oracle:parts=True`` against ``micro`` measures what judging from one worker's accumulation
+costs (:func:`oracle_choice`). No bytes are counted for them.
+
 ``--partition random`` (or ``blocks:B``) is an experiment on the partition: the workers'
 gradients reach the reducers permuted, so that every part MiCRO's contiguous split makes
 is a sample of every layer (:func:`mixing_order`).
@@ -78,6 +87,7 @@ from torch.nn import functional as F  # noqa: N812
 import horovod_micro as hvm
 from horovod_micro.compression import takes_density
 from horovod_micro.compressors.base import ReduceOp, config_of
+from horovod_micro.compressors.micro.partition import part_bounds
 from horovod_micro.layout import FlatLayout
 from horovod_micro.momentum import Arrived, masking
 from horovod_micro.reducer import SparseReducer
@@ -253,6 +263,21 @@ def mixing_order(numel: int, n: int, partition: str) -> torch.Tensor | None:
     return torch.argsort(torch.arange(numel) // int(size) % n, stable=True)
 
 
+def oracle_choice(summed: torch.Tensor, k: int, n: int, per_part: bool) -> torch.Tensor:
+    """The reference choice (``oracle``, ``oracle:parts=True``): the ``k`` largest
+    ``|summed|``, or in each of the ``n`` parts (MiCRO's contiguous split) its share of
+    ``k``, ``round(k * size / N)``, at least 1. Ownership does not matter to a choice made
+    from the sum."""
+    if not per_part:
+        return torch.topk(summed.abs(), k, sorted=False).indices
+    numel = summed.numel()
+    picks = []
+    for start, end in part_bounds(numel, n):
+        share = min(end - start, max(1, round(k * (end - start) / numel)))
+        picks.append(start + torch.topk(summed[start:end].abs(), share, sorted=False).indices)
+    return torch.cat(picks)
+
+
 def train(method: str, *, n: int, density: float, epochs: float, seed: int = 1,
           dataset: str = "fashion-mnist", model_name: str = "fmnist_mlp",
           batch_size: int = 32, optimizer: str = "nesterov", lr: float | None = None,
@@ -278,7 +303,8 @@ def train(method: str, *, n: int, density: float, epochs: float, seed: int = 1,
     eval_every = max(1, steps_per_epoch // evaluations_per_epoch)
     order = torch.Generator().manual_seed(seed)
     name, kwargs = parse_method(method)
-    sparse = name != "dense"
+    oracle = name == "oracle"
+    sparse = name != "dense" and not oracle
     if sparse and takes_density(getattr(hvm.Compression, name)):
         kwargs = {"density": density, **kwargs}
     compressors = [getattr(hvm.Compression, name)(**kwargs) for _ in range(n)] if sparse else []
@@ -311,7 +337,26 @@ def train(method: str, *, n: int, density: float, epochs: float, seed: int = 1,
                    f"{'test accuracy' if metric == 'accuracy' else 'validation loss'} "
                    f"{curve[-1][1]:.4f} ({time.perf_counter() - start:.0f} s)")
 
-    if not sparse:
+    if oracle:  # the reference choice from the summed accumulation (see the docstring)
+        residuals = torch.zeros(n, layout.numel)
+        last = torch.full((layout.numel,), -1, dtype=torch.int64)
+        k = max(1, int(density * layout.numel))
+        masks_like = hvm.Compression.micro(density=density)  # MiCRO's masking rule
+        masks_like.fit_optimizer(optimizer.param_groups)
+        for it in range(iters):
+            if it % steps_per_epoch == 0:
+                perm = torch.randperm(len(x), generator=order)
+            residuals += gradients(*batches(it, perm))
+            summed = residuals.sum(0)
+            chosen = oracle_choice(summed, k, n, kwargs.get("parts", False))
+            merged = torch.zeros(layout.numel)
+            merged[chosen] = summed[chosen] / n
+            residuals[:, chosen] = 0.0
+            waited = (it - last[chosen]).to(torch.int32)  # iterations accumulated
+            last[chosen] = it
+            apply(it, merged, Arrived(chosen, waited), masks_like)
+            sent.append(0)
+    elif not sparse:
         for it in range(iters):
             if it % steps_per_epoch == 0:
                 perm = torch.randperm(len(x), generator=order)

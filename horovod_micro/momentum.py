@@ -37,7 +37,7 @@ alone would drop nine tenths of every burst. Instead the first moment at the bur
 coordinates is set before the step so that the step's bias-corrected first moment there is
 the burst itself, and cleared after it: the burst is applied whole, once, normalised by the
 second moment (:func:`prime_adam`). The second moment takes the burst's square divided by
-the square root of its age (the iterations it accumulated; MiCRO's drift judge keeps them,
+the square root of its age (the iterations it accumulated; MiCRO keeps them under Adam,
 other methods give the plain square). A burst of age ``k`` holds about ``k`` gradients:
 its plain square would make the second moment ``k`` times a gradient's, and each burst
 would move a weight about ``sqrt(k)`` times the learning rate where dense Adam moves it

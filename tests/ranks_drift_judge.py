@@ -116,3 +116,35 @@ def flag_written_two_ways(steps: int) -> dict:
     everyone = hvd.allgather(flat.unsqueeze(0), name="flag_written_two_ways.weights")
     return {"raised": None, "judge": compression.judge,
             "same_weights": bool((everyone == everyone[0]).all())}
+
+
+def judged_under(kind: str, judge, steps: int, density: float) -> dict:
+    """A two-layer MLP wrapped with ``micro(density, judge=judge)`` over ``kind`` (``adamw``:
+    AdamW, lr 0.01; ``sgd``: momentum 0.9, lr 0.05). Per step this rank's own gradient
+    (computed apart, before backward) and the aggregate the step applied, both flat in the
+    layout's order (parameters sorted by name); and the judge the compressor resolved and
+    whether it keeps ages."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.ReLU(),
+                                torch.nn.Linear(16, 3))
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    base = (torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.01)
+            if kind == "adamw" else torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9))
+    compression = hvm.Compression.micro(density=density, judge=judge)
+    opt = hvm.DistributedOptimizer(base, named_parameters=model.named_parameters(),
+                                   compression=compression)
+    params = [p for _, p in sorted(model.named_parameters())]
+    gen = torch.Generator().manual_seed(100 + hvd.rank())
+    rows = []
+    for _ in range(steps):
+        x, y = torch.randn(16, 12, generator=gen), torch.randint(0, 3, (16,), generator=gen)
+        own = torch.autograd.grad(torch.nn.functional.cross_entropy(model(x), y), params)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.synchronize()
+        aggregate = torch.cat([p.grad.detach().reshape(-1) for p in params])
+        with opt.skip_synchronize():
+            opt.step()
+        rows.append({"grad": torch.cat([g.reshape(-1) for g in own]).tolist(),
+                     "aggregate": aggregate.tolist()})
+    return {"judge": compression.judge, "ages": compression.ages is not None, "steps": rows}

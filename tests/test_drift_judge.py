@@ -110,3 +110,45 @@ def test_a_flag_written_two_ways_resolves_one_judge_on_every_rank():
     for r in results:
         assert r.value["raised"] is None, r.value
         assert r.value["judge"] == "magnitude" and r.value["same_weights"], r.value
+
+
+def _owner_took_its_largest(result: dict, rank: int, size: int) -> list[bool]:
+    """Per step, whether what arrived in the part ``rank`` owned is the part's largest
+    ``|a|`` of ``rank``'s own accumulation: ``a`` restated from the rank's gradients (error
+    feedback: what did not arrive stays), the parts and their rotation restated from the
+    paper (contiguous, sizes differing by at most one, part ``(t + r) mod n`` at ``t``)."""
+    numel = len(result["steps"][0]["grad"])
+    base, extra = divmod(numel, size)
+    starts = [p * base + min(p, extra) for p in range(size + 1)]
+    residual = torch.zeros(numel, dtype=torch.float64)
+    took = []
+    for t, step in enumerate(result["steps"]):
+        acc = residual + torch.tensor(step["grad"], dtype=torch.float64)
+        arrived = torch.tensor(step["aggregate"]) != 0
+        part = (t + rank) % size
+        lo, hi = starts[part], starts[part + 1]
+        size_of = acc[lo:hi].abs()
+        sent, kept = size_of[arrived[lo:hi]], size_of[~arrived[lo:hi]]
+        assert sent.numel() > 0, (t, rank)
+        took.append(bool(kept.numel() == 0 or sent.min() >= kept.max()))
+        residual = torch.where(arrived, torch.zeros_like(acc), acc)
+    return took
+
+
+def test_under_adamw_the_default_judges_by_magnitude_and_keeps_the_ages():
+    """On 2 Gloo ranks, MiCRO with the judge unset: under AdamW it resolves the magnitude
+    and keeps the ages (Adam's second moment takes each burst by its age), and every step
+    each owner sends the largest ``|a|`` of its part, restated independently from the
+    rank's own gradients; under momentum SGD the default stays the drift judge, and
+    ``judge='drift'`` under AdamW is kept: with either, some step sends a coordinate of
+    smaller ``|a|`` than one it keeps (the age changes the ranking)."""
+    for kind, judge, resolved in (("adamw", None, "magnitude"), ("adamw", "drift", "drift"),
+                                  ("sgd", None, "drift")):
+        results = run_ranks("ranks_drift_judge:judged_under", np=2,
+                            kwargs={"kind": kind, "judge": judge, "steps": 10,
+                                    "density": 0.1})
+        for r in results:
+            assert r.value["judge"] == resolved, (kind, judge, r.value["judge"])
+            assert r.value["ages"] is (kind == "adamw" or resolved == "drift"), (kind, judge)
+        took = [all(_owner_took_its_largest(r.value, r.rank, 2)) for r in results]
+        assert all(took) is (resolved == "magnitude"), (kind, judge, took)

@@ -35,15 +35,20 @@ UNSET = {"controller": None, "judge": None, "capacity": None, "momentum_masking"
          "powersgd_rank": None, "compressor_options": []}
 
 
-def shipped(density: float) -> dict:
-    """The configuration of MiCRO's shipped defaults at ``density``."""
-    return hvm.Compression.micro(density=density).config()
+def shipped(density: float, optimizer: str = "nesterov") -> dict:
+    """The configuration of MiCRO's shipped defaults at ``density``, as wrapping an
+    optimizer of ``optimizer``'s family resolves them (the judge: see ``fit_optimizer``)."""
+    micro = hvm.Compression.micro(density=density)
+    micro.fit_optimizer([{"betas": (0.9, 0.999)}] if optimizer in ("adam", "adamw")
+                        else [{"momentum": 0.9}])
+    return micro.config()
 
 
 def configured_as_shipped(run: dict) -> None:
     """A dense run recorded no compressor; a MiCRO run recorded the shipped defaults."""
     dense = run["method"] in ("dense", "none")
-    expected = None if dense else shipped(run.get("density", 0.01))
+    expected = None if dense else shipped(run.get("density", 0.01),
+                                          run.get("optimizer", "nesterov"))
     assert "compression_config" in run and run["compression_config"] == expected, run
 
 
@@ -330,17 +335,25 @@ def test_off_the_grid_figures():
     rows = {"`fmnist_mlp`, Nesterov: dense": ("dense", "fmnist_mlp", "nesterov"),
             "MiCRO": ("micro", "fmnist_mlp", "nesterov"),
             "`fmnist_mlp`, AdamW: dense": ("dense", "fmnist_mlp", "adamw"),
-            "MiCRO (burst applied whole, its square over sqrt(age))":
-                ("micro", "fmnist_mlp", "adamw")}
+            "MiCRO (the magnitude judge under Adam; burst applied whole, its square over "
+            "sqrt(age))": ("micro", "fmnist_mlp", "adamw"),
+            # The same runs with the SGD family's judge (the default under Adam before).
+            "MiCRO, the drift judge (`judge='drift'`, the SGD family's default)":
+                ("micro:judge='drift'", "fmnist_mlp", "adamw")}
+    drift = OTHERS["adam_drift_judge"]["runs"]
     checked = 0
     for label, (method, model, optimizer) in rows.items():
         for n, cell in zip(ns, row(text, label)):
             if not cell:
                 continue
-            assert cell == " / ".join(percent(simulated(method, model, optimizer, n, seed))
+            runs = drift if "drift" in method else RUNS
+            assert cell == " / ".join(percent(simulated(method, model, optimizer, n, seed,
+                                                        runs=runs))
                                       for seed in (1, 2)), (label, n)
             checked += 1
-    assert checked == 2 * 9 + 2 * 8
+    assert checked == 2 * 9 + 3 * 8
+    for run in drift:
+        assert run["compression_config"] == {**shipped(0.01, "adamw"), "judge": "drift"}
     adam = row(text, "`fmnist_mlp`, Adam: dense; MiCRO")
     for n, cell in zip(ns, adam):
         if cell:
@@ -348,7 +361,7 @@ def test_off_the_grid_figures():
                 " / ".join(percent(simulated(m, "fmnist_mlp", "adam", n, s)) for s in (1, 2))
                 for m in ("dense", "micro")), n
             checked += 1
-    assert checked == 2 * 9 + 2 * 8 + 3
+    assert checked == 2 * 9 + 3 * 8 + 3
     lenet = row(text, "`fmnist_lenet`, Nesterov: dense; MiCRO")
     assert lenet[ns.index(8)] == "; ".join(
         " / ".join(percent(simulated(m, "fmnist_lenet", "nesterov", 8, s)) for s in (1, 2))
@@ -464,10 +477,21 @@ def test_docs_page_prose_figures():
     assert f"(dense {span('dense')}, MiCRO {span('micro')})" in page
     assert_nesterov_at_or_above_dense()
     adamw = gaps("fmnist_mlp", "adamw", (3, 4, 5, 6, 7, 8))
-    assert f"With AdamW it is at most {max(adamw):.1f} points below dense AdamW at n = 3-8" in page
+    assert f"it is at most {max(adamw):.1f} points below dense AdamW at n = 3-8" in page
     twelve = gaps("fmnist_mlp", "adamw", (12,))
     assert f"{min(twelve):.1f}-{max(twelve):.1f} below at 12" in page
-    assert all(2.0 <= g <= 3.0 for g in gaps("fmnist_mlp", "adamw", (16,)))  # "about 2.5"
+    assert all(1.0 <= g <= 2.0 for g in gaps("fmnist_mlp", "adamw", (16,)))  # "about 1.5"
+    assert all(1.0 <= g <= 2.0 for g in gaps("fmnist_mlp", "adam", (16,)))
+    # The drift judge under AdamW, for comparison: "2.5 points below at 16".
+    drift = OTHERS["adam_drift_judge"]["runs"]
+    assert all(2.0 <= 100 * (simulated("dense", "fmnist_mlp", "adamw", 16, s)["final_metric"]
+                             - simulated("micro:judge='drift'", "fmnist_mlp", "adamw", 16, s,
+                                         runs=drift)["final_metric"]) <= 3.0 for s in (1, 2))
+    text = simulated("micro:judge='drift'", "text_transformer", "adamw", 8, 1, runs=drift)
+    above_then = 100 * (text["final_metric"] / simulated("dense", "text_transformer", "adamw",
+                                                         8, 1)["final_metric"] - 1)
+    assert (f"With the drift judge, the SGD family's default, AdamW was 2.5 points below at 16 "
+            f"and the transformer {above_then:.0f} % above") in page
     lenet = gaps("fmnist_lenet", "nesterov", (8,))
     assert f"a LeNet-5 at n = 8 is {min(lenet):.1f}-{max(lenet):.1f} points below" in page
     loss = {m: simulated(m, "text_transformer", "adamw", 8, 1)["final_metric"]
@@ -821,7 +845,7 @@ def test_adamw_at_16_workers_diagnosis():
     assert all(r["n"] == 16 and r["seed"] == 1 and r["optimizer"] == "adamw" for r in runs)
     for r in runs:
         if r["method"] == "micro":
-            assert r["compression_config"] == shipped(r["density"])
+            assert r["compression_config"] == shipped(r["density"], "adamw")
     dense3, dense9 = got[("dense", 0.01, 3.0)], got[("dense", 0.01, 9.0)]
     dense_micro, long_micro = got[("micro", 0.05, 3.0)], got[("micro", 0.01, 9.0)]
     gtopk = got[("gtopk:momentum_masking=True", 0.01, 3.0)]
@@ -846,10 +870,10 @@ def test_adam_at_the_same_bytes():
     float32 = {r["seed"]: r for r in runs if r["method"] == "micro"}
     for (optimizer, model, n, seed), r in fp16.items():
         assert r["density"] == 0.015 and r["epochs"] == 3
-        assert r["compression_config"] == {**shipped(0.015), "fp16_values": True}
+        assert r["compression_config"] == {**shipped(0.015, optimizer), "fp16_values": True}
         assert r["bytes_per_step"] <= simulated("micro", model, optimizer, n, seed)[
             "bytes_per_step"]  # the same bytes, or fewer
-    assert all(r["density"] == 0.02 and r["compression_config"] == shipped(0.02)
+    assert all(r["density"] == 0.02 and r["compression_config"] == shipped(0.02, "adamw")
                and r["n"] == 16 for r in float32.values())
 
     def gap(optimizer, n, seed, run=None):
@@ -873,7 +897,8 @@ def test_adam_at_the_same_bytes():
     assert max(gap("adamw", n, s) for n in (4, 8) for s in (1, 2)) < 0.5
     twice = [100 * (simulated("dense", "fmnist_mlp", "adamw", 16, s)["final_metric"]
                     - float32[s]["final_metric"]) for s in (1, 2)]
-    assert max(twice) < 1.0  # twice the coordinates meet the bar at 16
+    # Twice the coordinates come closer to dense at 16 than the shipped density (0.7-1.0).
+    assert max(twice) < min(shipped_gap("adamw", 16, s) for s in (1, 2))
     close_4_8 = max(gap("adamw", n, s) for n in (4, 8) for s in (1, 2))
     assert (f"AdamW at most {close_4_8:.2f} below at 4 and 8, {span('adamw', (12,))} at 12, "
             f"{span('adamw', (16,))} at 16, Adam {span('adam', (16,))} at 16 (two seeds)"
@@ -1013,3 +1038,39 @@ def finer_evaluation_sentence(hosts: int) -> str:
 @pytest.mark.parametrize("hosts", [4, 8])
 def test_finer_evaluation_on_seed_1(hosts):
     assert finer_evaluation_sentence(hosts) in prose("BENCHMARKS.md")
+
+
+def test_the_choice_from_the_workers_sum():
+    """BENCHMARKS.md's reference choice (``bench.scaling --methods oracle
+    oracle:parts=True``, ``oracle_choice``): the exact top k of the workers' summed
+    accumulation, over the vector and per part, against MiCRO's defaults and dense."""
+    runs = OTHERS["oracle_choice"]["runs"]
+    assert all(r["compression_config"] is None and r["bytes_per_step"] == 0 for r in runs)
+
+    def value(method, model, optimizer, n, seed):
+        found = [r for r in runs + RUNS if r["method"] == method and r["n"] == n
+                 and r["seed"] == seed and r["epochs"] == 3 and r["density"] == 0.01
+                 and r.get("model", "fmnist_mlp") == model
+                 and r.get("optimizer", "nesterov") == optimizer]
+        assert len(found) == 1, (method, model, optimizer, n, seed)
+        metric = found[0]["final_metric"]
+        return f"{metric:.3f}" if model == "text_transformer" else f"{100 * metric:.2f}"
+
+    def pair(method, cell):
+        return " / ".join(value(method, *cell, s) for s in (1, 2))
+    mlp, lenet = ("fmnist_mlp", "adamw", 16), ("fmnist_lenet", "nesterov", 8)
+    text = ("transformer", "text_transformer", "adamw", 8, 1)
+    sentence = (
+        f"AdamW at n = 16 {pair('oracle', mlp)} % over the whole vector, "
+        f"{pair('oracle:parts=True', mlp)} % per part (MiCRO {pair('micro', mlp)} %, dense "
+        f"{pair('dense', mlp)} %); LeNet-5 at n = 8 {pair('oracle', lenet)} and "
+        f"{pair('oracle:parts=True', lenet)} % (MiCRO {pair('micro', lenet)} %, dense "
+        f"{pair('dense', lenet)} %); the transformer at n = 8 "
+        f"{value('oracle', *text[1:])} and {value('oracle:parts=True', *text[1:])} (MiCRO "
+        f"{value('micro', *text[1:])}, dense {value('dense', *text[1:])})")
+    assert sentence in prose("BENCHMARKS.md")
+    # Per part, from the sum: within a point of dense with AdamW at 16, where MiCRO is not.
+    for s in (1, 2):
+        dense, parts, micro = (float(value(m, *mlp, s))
+                               for m in ("dense", "oracle:parts=True", "micro"))
+        assert dense - parts < 1.0 < dense - micro

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import horovod_micro as hvm
-from bench.scaling import main, mixing_order, parse_method, train
+from bench.scaling import main, mixing_order, oracle_choice, parse_method, train
 from horovod_micro.stats import ring_allreduce_bytes
 
 RUN = dict(epochs=0.2, dataset="digits", model_name="digits_cnn", report=lambda line: None)
@@ -25,6 +25,22 @@ def test_at_density_one_a_sparse_method_is_dense_training():
         run = train(method, n=3, density=1.0, **RUN)
         torch.testing.assert_close(run["weights"], dense["weights"], rtol=1e-4, atol=1e-6)
     sparse = train("micro", n=3, density=0.05, **RUN)
+    assert not torch.allclose(sparse["weights"], dense["weights"], rtol=1e-3, atol=1e-4)
+
+
+def test_the_reference_choice_is_the_top_k_of_the_workers_sum():
+    """``oracle`` takes the k largest |sum| (``parts=True``: each part's share of k, from
+    the part); at k = N it is dense training, below it is not."""
+    summed = torch.tensor([0.1, -5.0, 0.2, 3.0, -0.3, 0.4, -2.0, 0.05])
+    assert sorted(oracle_choice(summed, 3, 2, per_part=False).tolist()) == [1, 3, 6]
+    # Parts [0, 4) and [4, 8), each with round(3 * 4 / 8) = 2 picks.
+    assert sorted(oracle_choice(summed, 3, 2, per_part=True).tolist()) == [1, 3, 5, 6]
+    dense = train("dense", n=3, density=1.0, **RUN)
+    for method in ("oracle", "oracle:parts=True"):
+        run = train(method, n=3, density=1.0, **RUN)
+        assert run["compression_config"] is None and run["bytes_per_step"] == 0
+        torch.testing.assert_close(run["weights"], dense["weights"], rtol=1e-4, atol=1e-6)
+    sparse = train("oracle", n=3, density=0.05, **RUN)
     assert not torch.allclose(sparse["weights"], dense["weights"], rtol=1e-3, atol=1e-4)
 
 

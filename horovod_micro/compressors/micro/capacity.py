@@ -1,5 +1,6 @@
-"""A watch on MiCRO's capacity cut: the density sent, against the density selected.
+"""MiCRO's index slots: how many per rank, the bytes they cost, and a watch on the cut.
 
+Fixed slots keep the collectives in one shape (:func:`slots_for`, :func:`slot_bytes`).
 With fixed index slots (``capacity``) a selection larger than the slots sends the highest
 scores and keeps the rest in the residual. The density controller learns from what the
 threshold picked, so it steers the selection to the target; but where the slots are too
@@ -11,12 +12,46 @@ kept back more than a tenth of what the ranks selected.
 
 from __future__ import annotations
 
+import math
 import warnings
+
+from ...stats import ring_allgather_bytes, ring_allreduce_bytes
+
+#: The default capacity per rank, as a multiple of a part's share of ``k``: the bounded
+#: controller holds each owner's count within about 10 % of its part's target, so 1.2
+#: leaves room and keeps the bytes within 1.2x those of exact sizes.
+CAPACITY_FACTOR = 1.2
 
 #: Consecutive exchanges of heavy cuts before the warning.
 STEPS = 10
 #: A heavy cut: the ranks sent less than this share of what they selected.
 SENT_SHARE = 0.9
+
+
+def slots_for(capacity, controller: str, size: int, k: int, largest: int) -> int | None:
+    """Index slots per rank for ``size`` ranks and ``k`` wanted (MiCRO's ``capacity``: an
+    integer, ``"exact"``, or None for ``ceil(CAPACITY_FACTOR k / n)`` with the bounded
+    controller), at most a part of ``largest`` elements; None: exact sizes."""
+    if isinstance(capacity, int):
+        return min(capacity, largest)
+    if capacity == "exact" or controller != "bounded":
+        return None
+    share = max(k / size, 1.0)  # the parts' targets are at least 1
+    return min(math.ceil(CAPACITY_FACTOR * share), largest)
+
+
+def slot_bytes(size: int, k: int, index_bytes: int, value_bytes: int, slots: int | None
+               ) -> float:
+    """Bytes a rank sends per step. With slots (``C`` per rank): the allgather of every
+    rank's block of a 4-word header and ``C`` indices, then one allreduce of the ``n C``
+    slot values: ``b_i (n - 1) (C + 4) + 2 (n - 1) C b_v``, about ``12 * 1.2 k`` at 4-byte
+    words, independent of ``n``. With exact sizes (``slots`` None) each rank's block holds
+    ``k / n`` indices behind a 3-word header, and the union of ``k`` values is allreduced."""
+    if slots is None:
+        gather = (size - 1) / size * index_bytes * (k + 3 * size)
+        return gather + ring_allreduce_bytes(value_bytes * k, size)[0]
+    gather = ring_allgather_bytes([index_bytes * (slots + 4)] * size, 0)[0]
+    return gather + ring_allreduce_bytes(value_bytes * size * slots, size)[0]
 
 
 class CutWatch:

@@ -8,10 +8,15 @@ Per iteration ``t`` on rank ``r`` of ``n``:
 1. ``r`` owns part ``(t + r) mod n`` of the flat error-compensated gradient ``a_t``
    (:mod:`.partition`) and selects ``score_i >= threshold`` there only: one pass over
    ``N / n`` elements, no sort. The score is ``|a_t[i]|`` in the paper
-   (``judge="magnitude"``); by default it is the drift score ``|a_t[i]| sqrt(wait /
-   age_i)`` (``judge="drift"``, :class:`~.drift.DriftSelector`), which
-   keeps the owner's judgement sound when one worker's accumulation is a noisy estimate
-   of the n workers' sum (many workers).
+   (``judge="magnitude"``); by default, under an SGD-family optimizer, it is the drift
+   score ``|a_t[i]| sqrt(wait / age_i)`` (``judge="drift"``, :class:`~.drift.DriftSelector`),
+   which keeps the owner's judgement sound when one worker's accumulation is a noisy
+   estimate of the n workers' sum (many workers). Under Adam's family the default is the
+   magnitude, with the ages still kept: Adam's second moment takes each burst by its age
+   (:func:`~horovod_micro.momentum.prime_adam`), and there the drift score favours the
+   coordinates sent recently over those that waited, which Adam, moving each coordinate by
+   about the learning rate per application whatever its size, cannot afford
+   (:meth:`MicroCompressor.fit_optimizer`).
 2. The ranks allgather their indices; parts are disjoint, so the union has exactly
    ``sum_r k_r`` coordinates (no build-up).
 3. Each rank takes its *own* ``a_t`` at the union and the ranks allreduce those values:
@@ -45,10 +50,9 @@ import torch
 
 from ...exchange import Gathered, SlotsGathered, Traffic, allreduce_values
 from ...selection import ThresholdSelector, index_bytes, index_dtype
-from ...stats import ring_allgather_bytes, ring_allreduce_bytes
 from ..base import Aggregate, Compressor, ReduceOp, Selection, as_float, as_int
 from ..registry import register
-from .capacity import CutWatch
+from .capacity import CutWatch, slot_bytes, slots_for
 from .controller import ThresholdController
 from .density_controller import DensityController, PaperController
 from .device_choice import RESELECT, device_choice
@@ -86,10 +90,6 @@ def judge_error(judge, controller: str, error_feedback) -> str | None:
                 f"'scale'); controller={controller!r} shares one threshold of |a| (pass "
                 "judge='magnitude')")
     return None
-#: The default capacity per rank, as a multiple of a part's share of ``k``: the bounded
-#: controller holds each owner's count within about 10 % of its part's target, so 1.2
-#: leaves room and keeps the bytes within 1.2x those of exact sizes.
-CAPACITY_FACTOR = 1.2
 
 
 def rms(sq_norm: float | torch.Tensor, numel: int, previous: float | torch.Tensor
@@ -149,6 +149,17 @@ def settings_error(t, name: str, judge: str, error_feedback: bool, c) -> str | N
     return None
 
 
+def make_controller(name: str, k: int, part_sizes: list[int], density: float,
+                    initial_threshold: float | None) -> ThresholdController:
+    """The density controller ``name`` (:data:`CONTROLLERS`) for ``k`` over these parts."""
+    start = initial_threshold or 0.0
+    if name == "paper":
+        return PaperController(k, threshold=start)
+    if name == "newton":
+        return DensityController(k, threshold=start)
+    return PartController(k, part_sizes, density, correct=name == "bounded")
+
+
 @register
 class MicroCompressor(Compressor):
     """MiCRO sparsification (see the module docstring).
@@ -161,13 +172,14 @@ class MicroCompressor(Compressor):
         controller: the density controller, one of :data:`CONTROLLERS` (see the module
             docstring; the documentation's design page, "The density controllers").
         judge: what the owner of a part ranks its coordinates by: ``"drift"`` (default
-            with the per-part controllers), ``|a_i| * sqrt(wait / age_i)``
+            with the per-part controllers and an SGD-family optimizer), ``|a_i| *
+            sqrt(wait / age_i)``
             (:class:`~horovod_micro.compressors.micro.drift.DriftSelector`), so a
             coordinate whose gradient keeps its sign wins over one whose residual is a
             random walk of one worker's noise; ``"magnitude"``, ``|a_i|``, as published
-            (the default without error feedback, where the drift judge is refused: there an
-            age says nothing of the value). Still one threshold pass; the ages cost 2 bytes
-            per coordinate.
+            (the default without error feedback, where an age says nothing of the value,
+            and under Adam's family: :meth:`fit_optimizer`). Still one threshold pass; the
+            ages cost 2 bytes per coordinate (with the drift judge, and under Adam).
         momentum_masking: clear the wrapped optimizer's momentum where an aggregate
             arrived, after each step (:mod:`horovod_micro.momentum`): momentum re-applies
             a coordinate's burst for about ``1 / (1 - m)`` steps, which at the scaled
@@ -206,9 +218,11 @@ class MicroCompressor(Compressor):
         self.controller_name = controller
         # The flag as the base class holds it (np.False_ is False), so that every rank
         # resolves the same judge from the same setting.
+        self.judge_given = judge  # None: the default, which the optimizer may refine
         self.judge = (judge if judge is not None
                       else default_judge(controller, self.error_feedback))
-        self.ages: DriftAges | None = None  # the drift judge's, made in bind
+        self.keep_ages = False  # for Adam's second moment too (fit_optimizer)
+        self.ages: DriftAges | None = None  # made in bind
         self.controller: ThresholdController | None = None
         self.bounds: list[tuple[int, int]] = []
         self.selector = ThresholdSelector()
@@ -236,63 +250,54 @@ class MicroCompressor(Compressor):
                                self.error_feedback, self.capacity)
                 or super().config_error())
 
+    def fit_optimizer(self, param_groups: list[dict]) -> None:
+        """Under Adam's family (groups with ``betas``), with error feedback: keep the ages
+        for Adam's second moment and, with ``judge`` unset, judge by magnitude (see the
+        module docstring). Every rank wraps the same optimizer and resolves alike."""
+        if self.error_feedback is False or not any("betas" in g for g in param_groups):
+            return
+        self.keep_ages = True
+        if self.judge_given is None and self.judge == "drift":
+            self.judge = "magnitude"
+        if self.comm is not None:  # bound already: the ages and the judge's selector
+            self.ages = self.ages or DriftAges(self.numel, self.density)
+            self._partition(self.comm.size)
+
     def bind(self, numel, comm) -> None:
         super().bind(numel, comm)
-        self.ages = DriftAges(numel, self.density) if self.judge == "drift" else None
+        self.ages = (DriftAges(numel, self.density)
+                     if self.judge == "drift" or self.keep_ages else None)
         self._cuts = CutWatch()  # warns where the capacity keeps the density sent low
         self._partition(comm.size)
-        k, start = self.target_count, self.initial_threshold or 0.0
-        if self.controller_name == "paper":
-            self.controller = PaperController(k, threshold=start)
-        elif self.controller_name == "newton":
-            self.controller = DensityController(k, threshold=start)
-        else:
-            self.controller = PartController(k, self._part_sizes(), self.density,
-                                             correct=self.controller_name == "bounded")
+        self.controller = make_controller(self.controller_name, self.target_count,
+                                          self._part_sizes(), self.density,
+                                          self.initial_threshold)
 
     def rebind(self, size: int) -> None:
-        """Partition and ownership for ``size`` ranks: ``size`` new parts, and the per-part
-        controller's multipliers mapped onto them by overlap
-        (:meth:`~.part_controller.PartController.remap`); the shared-threshold
-        controllers keep their one threshold (``k`` does not depend on the ranks)."""
+        """``size`` new parts; the per-part multipliers mapped onto them by overlap
+        (:meth:`~.part_controller.PartController.remap`), a shared threshold kept."""
         self._partition(size)
         if isinstance(self.controller, PartController):
             self.controller.remap(self._part_sizes())
 
     def _partition(self, size: int) -> None:
-        """The ``size`` parts, and a selector sized for one part's share of ``k``: room for
-        the bounded controller's usual overshoot (its base aims a little low) without a
-        regrown buffer and a redone pass (an allocation, never written whole)."""
+        """The ``size`` parts, and the judge's selector sized for a part's share of ``k``
+        with room for the bounded controller's usual overshoot (no regrown buffer)."""
         self.bounds = part_bounds(self.numel, size)
         selector = DriftSelector if self.judge == "drift" else ThresholdSelector
         self.selector = selector(capacity=4 * self.target_count // size + 64)
         self.slots = self._slots_for(size, self.target_count, max(self._part_sizes()))
 
     def _slots_for(self, size: int, k: int, largest: int) -> int | None:
-        """Index slots per rank for ``size`` ranks (see ``capacity``), at most a part of
-        ``largest`` elements; None: exact sizes."""
-        if isinstance(self.capacity, int):
-            return min(self.capacity, largest)
-        if self.capacity == "exact" or self.controller_name != "bounded":
-            return None
-        share = max(k / size, 1.0)  # the parts' targets are at least 1
-        return min(math.ceil(CAPACITY_FACTOR * share), largest)
+        return slots_for(self.capacity, self.controller_name, size, k, largest)
 
     def modeled_bytes(self, size: int, numel: int) -> float:
-        """With slots (``C`` per rank): the allgather of every rank's block of a 4-word
-        header and ``C`` indices, then one allreduce of the ``n C`` slot values:
-        ``b_i (n - 1) (C + 4) + 2 (n - 1) C b_v``, about ``12 * 1.2 k`` at 4-byte words,
-        independent of ``n``. With exact sizes each rank's block holds ``k / n`` indices
-        behind a 3-word header, and the union of ``k`` values is allreduced."""
+        """:func:`~.capacity.slot_bytes` at this capacity."""
         if size < 2:
             return 0
-        k, b_i = self.modeled_count(numel), index_bytes(numel)
+        k = self.modeled_count(numel)
         slots = self._slots_for(size, k, max(b - a for a, b in part_bounds(numel, size)))
-        if slots is None:
-            gather = (size - 1) / size * b_i * (k + 3 * size)
-            return gather + ring_allreduce_bytes(self.value_bytes() * k, size)[0]
-        gather = ring_allgather_bytes([b_i * (slots + 4)] * size, 0)[0]
-        return gather + ring_allreduce_bytes(self.value_bytes() * size * slots, size)[0]
+        return slot_bytes(size, k, index_bytes(numel), self.value_bytes(), slots)
 
     def _part_sizes(self) -> list[int]:
         return [end - start for start, end in self.bounds]
@@ -320,7 +325,8 @@ class MicroCompressor(Compressor):
         if self.ages is not None:
             now = iteration + 1
             last = self.ages.at(acc.device, now)
-            self.selector.bind(acc[start:end], last[start:end], now, self.ages.wait(now))
+            if self.judge == "drift":
+                self.selector.bind(acc[start:end], last[start:end], now, self.ages.wait(now))
         choice = device_choice(self.controller, acc, start, end, part, self.selector,
                                self.rms_scale, self.slots)
         if choice is None:
@@ -343,7 +349,9 @@ class MicroCompressor(Compressor):
                 acc, start, end, part, self.selector, self.rms_scale)
         selected = indices.numel()
         if self.slots is not None and selected > self.slots:
-            indices = cut_to_slots(acc, indices, self.slots, self.ages, iteration + 1)
+            indices = cut_to_slots(acc, indices, self.slots,
+                                   self.ages if self.judge == "drift" else None,
+                                   iteration + 1)
         return Selection(indices, report=report, selected=selected, threshold=threshold)
 
     def gather(self, selection: Selection, status, traffic: Traffic
@@ -395,8 +403,11 @@ class MicroCompressor(Compressor):
         return state
 
     def load_state_dict(self, state: dict) -> None:
-        if self.ages is not None:  # checked before anything changes
-            self.ages.check_state(state.get("last"))
+        # The magnitude judge keeps ages for Adam only: without them in the state, afresh.
+        ages = self.ages if self.ages is not None and (
+            self.judge == "drift" or state.get("last") is not None) else None
+        if ages is not None:  # checked before anything changes
+            ages.check_state(state.get("last"))
         self.controller.load_state_dict(state["controller"])
-        if self.ages is not None:
-            self.ages.load_state_dict(state["last"])
+        if ages is not None:
+            ages.load_state_dict(state["last"])
