@@ -313,7 +313,8 @@ def train(method: str, *, n: int, density: float, epochs: float, seed: int = 1,
     curve: list[tuple[int, float]] = []
     sent: list[int] = []
     cuts = [0]  # steps on which some rank's selection was cut to the capacity
-    diagnosis = Diagnosis(layout.numel, max(1, int(density * layout.numel)))
+    k = max(1, int(density * layout.numel))  # the count a method aims at
+    diagnosis = Diagnosis(layout.numel, k)
     reducers: list[SparseReducer | None] = [None] * n
     start = time.perf_counter()
 
@@ -340,9 +341,7 @@ def train(method: str, *, n: int, density: float, epochs: float, seed: int = 1,
     if oracle:  # the reference choice from the summed accumulation (see the docstring)
         residuals = torch.zeros(n, layout.numel)
         last = torch.full((layout.numel,), -1, dtype=torch.int64)
-        k = max(1, int(density * layout.numel))
         masks_like = hvm.Compression.micro(density=density)  # MiCRO's masking rule
-        masks_like.fit_optimizer(optimizer.param_groups)
         for it in range(iters):
             if it % steps_per_epoch == 0:
                 perm = torch.randperm(len(x), generator=order)
