@@ -13,6 +13,9 @@ is its slowest rank's).
 Variants: ``dense`` (``--compressor none``), ``micro`` (the defaults: fixed-shape slots),
 ``micro-exact`` (``--capacity exact``: variable-size blocks, negotiated every step),
 ``micro-ahead`` (``micro_ahead``: the coordinates agreed a step ahead, one allreduce).
+Each also with ``-spin``: ``HOROVOD_MICRO_WAIT=spin``, the ranks waiting for a collective
+by Horovod's own spinning ``synchronize`` (``hvd.DistributedOptimizer``'s wait) instead of
+asleep (``horovod_micro.waiting``).
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ REPO = Path(__file__).resolve().parent.parent
 VARIANTS = {"dense": ["--compressor", "none"], "micro": ["--compressor", "micro"],
             "micro-exact": ["--compressor", "micro", "--capacity", "exact"],
             "micro-ahead": ["--compressor", "micro_ahead"]}
+VARIANTS.update({f"{name}-spin": argv for name, argv in list(VARIANTS.items())})
+SPIN = {"HOROVOD_MICRO_WAIT": "spin"}
 FIELDS = ("total", "communication", "selection", "sync_other")
 SKIP = 10  # first iterations left out (negotiation, allocation, the first exchange's checks)
 
@@ -58,7 +63,8 @@ def main() -> None:
     ap.add_argument("--ranks", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--iters", type=int, default=60)
-    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    ap.add_argument("--variants", nargs="+", default=["dense", "micro", "micro-exact",
+                                                      "micro-ahead"], choices=list(VARIANTS))
     ap.add_argument("--cycle-time-ms", type=float, default=None,
                     help="HOROVOD_CYCLE_TIME for the ranks (Horovod 0.28.1 default: 1 ms)")
     ap.add_argument("--backend", choices=("gloo", "mpi"), default="gloo")
@@ -70,8 +76,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="hvm-iteration-") as tmp:
         for r in range(args.rounds):
             for name in args.variants:
+                run_env = {**(env or {}), **(SPIN if name.endswith("-spin") else {})}
                 row = one_run(args.ranks, args.iters, VARIANTS[name], Path(tmp) / f"{name}-{r}",
-                              env, args.backend)
+                              run_env or None, args.backend)
                 runs[name].append(row)
                 print(f"round {r} {name}: " + ", ".join(
                     f"{f} {row[f] * 1e3:.1f} ms" for f in FIELDS)

@@ -54,6 +54,7 @@ import torch
 from .deadline import arrival_from_env, bounded, stall_warning_from_env, timeout_from_env
 from .stats import ring_allgather_bytes, ring_allreduce_bytes
 from .status import NONFINITE, is_bounded, raise_reported, split_status
+from .waiting import sleeps_for, wait, wait_mode
 
 
 @dataclass
@@ -93,6 +94,8 @@ class Comm:
     arrival_timeout: float | None = field(default_factory=arrival_from_env)
     #: seconds between stall warnings while a collective waits (``None``: none)
     warn_every: float | None = field(default_factory=stall_warning_from_env)
+    #: how a rank waits for a collective (:mod:`horovod_micro.waiting`; None: by device)
+    wait: str | None = field(default_factory=wait_mode)
     #: whether the next collective is an exchange's first (:meth:`begin_exchange`)
     arriving: bool = field(default=True, repr=False)
 
@@ -126,25 +129,30 @@ class Comm:
     def allgather(self, tensor: torch.Tensor, role: str) -> torch.Tensor:
         """Every rank's ``tensor`` concatenated along dim 0, in rank order."""
         with self._bounded(role):
-            return hvd.allgather(tensor, name=self.name(role), process_set=self.process_set)
+            return wait(hvd.allgather_async(tensor, name=self.name(role),
+                                            process_set=self.process_set),
+                        sleeps_for(tensor, self.wait))
 
     def allreduce_(self, tensor: torch.Tensor, role: str, op, prescale: float,
                    postscale: float) -> torch.Tensor:
         """Horovod's ``allreduce_``: ``postscale * sum(prescale * x)`` (``/ size`` for
         ``op=hvd.Average``), in place."""
         with self._bounded(role):
-            return hvd.allreduce_(tensor, name=self.name(role), op=op,
-                                  prescale_factor=prescale, postscale_factor=postscale,
-                                  process_set=self.process_set)
+            return wait(hvd.allreduce_async_(tensor, name=self.name(role), op=op,
+                                             prescale_factor=prescale,
+                                             postscale_factor=postscale,
+                                             process_set=self.process_set),
+                        sleeps_for(tensor, self.wait))
 
     def alltoall(self, tensor: torch.Tensor, splits: list[int],
                  role: str) -> tuple[torch.Tensor, list[int]]:
         """Rows ``splits[d]`` of ``tensor`` to rank ``d``; what arrived, and its row counts
         by source rank."""
         with self._bounded(role):
-            output, received = hvd.alltoall(tensor, splits=torch.tensor(splits,
-                                                                        dtype=torch.int32),
-                                            name=self.name(role), process_set=self.process_set)
+            output, received = wait(hvd.alltoall_async(
+                tensor, splits=torch.tensor(splits, dtype=torch.int32),
+                name=self.name(role), process_set=self.process_set),
+                sleeps_for(tensor, self.wait))
         return output, [int(c) for c in received]
 
     def broadcast_object(self, obj, root_rank: int, role: str):

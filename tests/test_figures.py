@@ -704,31 +704,53 @@ def test_powersgd_was_never_first_but_for_two_ties():
 
 
 def test_main_job_on_loopback_ranks_is_the_defaults_run():
-    """The iteration times of the main job on 2, 4 and 8 Gloo ranks and 8 MPI ranks: MiCRO's
-    runs recorded the shipped configuration, and BENCHMARKS.md and the which-method page
-    quote those runs' medians."""
+    """The iteration times of the main job on 2, 4 and 8 Gloo ranks and 8 MPI ranks
+    (iteration-ranks.json, ``waiting``): MiCRO's runs recorded the shipped configuration,
+    every variant ran as often as the others, alternated, and BENCHMARKS.md and the
+    which-method page quote those runs' medians, asleep (the default) and with Horovod's
+    spinning wait (``-spin``)."""
     data = json.loads((ROOT / "bench" / "results" / "iteration-ranks.json").read_text())
-    cells = [data["by_ranks"][n] for n in ("2", "4", "8")] + [data["mpi"]["8"]]
-    assert [c["backend"] for c in cells] == ["gloo"] * 3 + ["mpi"]
-    medians = []
+    waiting = data["waiting"]
+    cells = [waiting[key] for key in ("np2", "np4", "np8", "np8_mpi")]
+    assert [(c["ranks"], c["backend"]) for c in cells] == [(2, "gloo"), (4, "gloo"),
+                                                          (8, "gloo"), (8, "mpi")]
+    medians: dict[str, list[float]] = {}
     for cell in cells:
-        assert cell["iters"] == 100 and cell["cycle_time_ms"] is None
-        assert all(r["compression_config"] is None for r in cell["runs"]["dense"])
-        assert all(r["compression_config"] == shipped(0.01) for r in cell["runs"]["micro"])
-        medians.append([1e3 * statistics.median(r["total"] for r in cell["runs"][v])
-                        for v in ("dense", "micro")])
-    dense, micro = zip(*medians)
-    ratios = [f"{m / d:.2f}x" for d, m in medians]
+        runs = cell["runs"]
+        assert cell["cycle_time_ms"] is None and cell["iters"] >= 60
+        assert len({len(runs[v]) for v in ("dense", "dense-spin", "micro", "micro-spin")}) == 1
+        assert len(runs["dense"]) >= 2
+        for v in ("dense", "dense-spin"):
+            assert all(r["compression_config"] is None for r in runs[v])
+        for v in ("micro", "micro-spin"):
+            assert all(r["compression_config"] == shipped(0.01) for r in runs[v])
+        for v in ("dense", "dense-spin", "micro", "micro-spin"):
+            medians.setdefault(v, []).append(
+                1e3 * statistics.median(r["total"] for r in runs[v]))
+    # The defaults: asleep on Gloo, Horovod's wait on MPI.
+    dense = medians["dense"][:3] + medians["dense-spin"][3:]
+    micro = medians["micro"][:3] + medians["micro-spin"][3:]
+    ratios = [f"{m / d:.2f}x" for d, m in zip(dense, micro)]
+    spin = [f"{s / m:.1f}x" for m, s in zip(micro[:3], medians["micro-spin"])]
+    spin_dense = [f"{s / d:.1f}x" for d, s in zip(dense[:3], medians["dense-spin"])]
     text = prose("BENCHMARKS.md")
     assert (f"dense {dense[0]:.1f} / {dense[1]:.1f} / {dense[2]:.1f} ms at 2 / 4 / 8 ranks, MiCRO "
             f"{micro[0]:.1f} / {micro[1]:.1f} / {micro[2]:.1f} ms ({' / '.join(ratios[:3])}); "
             f"MPI at 8: {dense[3]:.1f} and {micro[3]:.1f} ms ({ratios[3]})") in text
+    asleep_mpi = [f"{medians[v][3] / medians[v + '-spin'][3]:.1f}x" for v in ("micro", "dense")]
+    assert (f"Horovod's spinning wait made MiCRO's iteration {' / '.join(spin)} as long and "
+            f"dense's {' / '.join(spin_dense)}; on MPI, waiting asleep made MiCRO's "
+            f"{asleep_mpi[0]} as long and dense's {asleep_mpi[1]}") in text
+    ahead = waiting["np8"]["runs"]["micro-ahead"]
+    assert all(r["compression_config"]["method"] == "micro_ahead" for r in ahead)
+    ahead_ms = 1e3 * statistics.median(r["total"] for r in ahead)
+    assert f"`micro_ahead` {ahead_ms / dense[2]:.2f}x at 8 Gloo ranks" in text
     choosing = (ROOT / "docs" / "choosing.md").read_text()
     assert (f"MiCRO's iteration {ratios[0]}, {ratios[1]} and {ratios[2]} dense's at 2, 4 and 8 "
             "ranks (defaults)") in choosing
     assert (f"MiCRO's iteration {', '.join(ratios[:3])} dense's at 2, 4, 8 ranks (defaults)"
             ) in text  # the which-method table of BENCHMARKS.md
-    # Horovod's cycle, and where the time goes on 8 ranks: the defaults too.
+    # Horovod's cycle, and where the time goes on 8 ranks (the defaults, Horovod's wait).
     cycle = {}
     for c in ("5", "0.2"):
         for n in ("8", "2"):
