@@ -4,8 +4,8 @@ The behaviour of ``hvd.DistributedOptimizer``: a hook per parameter starts
 ``hvd.allreduce_async_`` as soon as its gradient is final, overlapping communication with
 the rest of the backward pass, optionally fused into groups (``groups``/``num_groups``);
 a sparse gradient goes through Horovod's sparse allreduce, or densified with
-``sparse_as_dense``. ``synchronize()`` waits for the handles (asleep on the CPU,
-:mod:`horovod_micro.waiting`), starts what backward never
+``sparse_as_dense``. ``synchronize()`` waits for the handles (asleep for CPU tensors on
+Gloo, :mod:`horovod_micro.waiting`), starts what backward never
 reached (every rank joins the same collectives) and records a :class:`StepStats`, so
 dense runs report bytes like sparse ones.
 
@@ -23,7 +23,7 @@ import torch
 
 from .layout import FlatLayout
 from .stats import StepStats, ring_allreduce_bytes
-from .waiting import sleeps_for, wait, wait_mode
+from .waiting import wait, wait_mode
 
 
 def scale_factors(op, gradient_predivide_factor: float) -> tuple[float, float]:
@@ -127,8 +127,7 @@ class DensePath:
                 nbytes += _sparse_bytes(key.grad)
                 continue
             params = key if isinstance(key, tuple) else (key,)
-            outputs = wait(handle, sleeps_for(
-                sent[0] if isinstance(key, tuple) else sent, self.wait))
+            outputs = wait(handle, sent[0] if isinstance(key, tuple) else sent, self.wait)
             outputs = outputs if isinstance(key, tuple) else [outputs]
             ctxs = ctx if isinstance(key, tuple) else [ctx]
             tensors = sent if isinstance(key, tuple) else [sent]

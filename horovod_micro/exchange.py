@@ -54,7 +54,7 @@ import torch
 from .deadline import arrival_from_env, bounded, stall_warning_from_env, timeout_from_env
 from .stats import ring_allgather_bytes, ring_allreduce_bytes
 from .status import NONFINITE, is_bounded, raise_reported, split_status
-from .waiting import sleeps_for, wait, wait_mode
+from .waiting import wait, wait_mode
 
 
 @dataclass
@@ -94,7 +94,8 @@ class Comm:
     arrival_timeout: float | None = field(default_factory=arrival_from_env)
     #: seconds between stall warnings while a collective waits (``None``: none)
     warn_every: float | None = field(default_factory=stall_warning_from_env)
-    #: how a rank waits for a collective (:mod:`horovod_micro.waiting`; None: by device)
+    #: how a rank waits for a collective (:func:`~horovod_micro.waiting.wait_mode`; None:
+    #: asleep for CPU tensors on Gloo, else Horovod's wait)
     wait: str | None = field(default_factory=wait_mode)
     #: whether the next collective is an exchange's first (:meth:`begin_exchange`)
     arriving: bool = field(default=True, repr=False)
@@ -131,7 +132,7 @@ class Comm:
         with self._bounded(role):
             return wait(hvd.allgather_async(tensor, name=self.name(role),
                                             process_set=self.process_set),
-                        sleeps_for(tensor, self.wait))
+                        tensor, self.wait)
 
     def allreduce_(self, tensor: torch.Tensor, role: str, op, prescale: float,
                    postscale: float) -> torch.Tensor:
@@ -142,7 +143,7 @@ class Comm:
                                              prescale_factor=prescale,
                                              postscale_factor=postscale,
                                              process_set=self.process_set),
-                        sleeps_for(tensor, self.wait))
+                        tensor, self.wait)
 
     def alltoall(self, tensor: torch.Tensor, splits: list[int],
                  role: str) -> tuple[torch.Tensor, list[int]]:
@@ -152,7 +153,7 @@ class Comm:
             output, received = wait(hvd.alltoall_async(
                 tensor, splits=torch.tensor(splits, dtype=torch.int32),
                 name=self.name(role), process_set=self.process_set),
-                sleeps_for(tensor, self.wait))
+                tensor, self.wait)
         return output, [int(c) for c in received]
 
     def broadcast_object(self, obj, root_rank: int, role: str):

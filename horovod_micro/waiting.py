@@ -16,10 +16,10 @@ or Horovod have been shut down). A wait then costs a few microseconds of CPU per
 ends at most one pause (plus the kernel's timer slack) after the operation did.
 
 Where. Where Horovod runs on Gloo, tensors on the CPU wait asleep: on 8 Gloo ranks of one
-2-vCPU machine the main job's iteration took half the time, dense and MiCRO alike. On MPI
+2-vCPU machine the main job's iteration took about half the time, dense and MiCRO alike. On MPI
 they keep Horovod's wait: Open MPI's own progress loop yields instead of blocking, so the
 other ranks' threads stay runnable and a rank that slept wakes a scheduler slice late (the
-same job's MiCRO iteration was 1.2-1.4x longer asleep). CUDA tensors keep Horovod's wait too
+same job's MiCRO iteration was longer asleep). CUDA tensors keep Horovod's wait too
 (a GPU rank normally has cores of its own, and every tenth of a millisecond counts in a GPU
 step). ``HOROVOD_MICRO_WAIT=spin`` restores Horovod's wait everywhere, ``sleep`` sleeps
 everywhere. Measured in ``BENCHMARKS.md`` ("The main job on loopback ranks").
@@ -50,18 +50,19 @@ def wait_mode() -> str | None:
     return value
 
 
-def sleeps_for(tensor: torch.Tensor, mode: str | None) -> bool:
-    """Whether a collective on ``tensor`` is waited for asleep under ``mode``
+def _sleeps_for(like: torch.Tensor, mode: str | None) -> bool:
+    """Whether a collective on ``like`` is waited for asleep under ``mode``
     (:func:`wait_mode`)."""
     if mode is not None:
         return mode == "sleep"
-    return tensor.device.type != "cuda" and hvd.gloo_enabled()
+    return like.device.type != "cuda" and hvd.gloo_enabled()
 
 
-def wait(handle, asleep: bool = True):
-    """The result of the Horovod operation ``handle`` (what ``hvd.synchronize`` returns),
-    waited for asleep between looks (``asleep``), or by Horovod's own spinning wait."""
-    if asleep:
+def wait(handle, like: torch.Tensor, mode: str | None):
+    """The result of the Horovod operation ``handle`` on ``like`` (what ``hvd.synchronize``
+    returns), waited for asleep between looks or by Horovod's own spinning wait, as ``mode``
+    (:func:`wait_mode`) and ``like``'s device decide."""
+    if _sleeps_for(like, mode):
         pause = _FIRST_PAUSE_S
         while not hvd.poll(handle):
             time.sleep(pause)
