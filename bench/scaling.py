@@ -57,6 +57,10 @@ its whole residual: they bound what any selection at this density could reach, a
 ``oracle:parts=True`` against ``micro`` measures what judging from one worker's accumulation
 costs (:func:`oracle_choice`). No bytes are counted for them.
 
+``prior`` (``prior:horizon=200.0``, ``prior:weight=0.5``) is an experiment on MiCRO's judge,
+not a method of the plugin: the owner judges its estimate of the workers' mean accumulation
+from the rates of the coordinates' last aggregates (:class:`PriorJudgedMicro`).
+
 ``--partition random`` (or ``blocks:B``) is an experiment on the partition: the workers'
 gradients reach the reducers permuted, so that every part MiCRO's contiguous split makes
 is a sample of every layer (:func:`mixing_order`).
@@ -85,8 +89,10 @@ from torch.func import functional_call, grad, vmap
 from torch.nn import functional as F  # noqa: N812
 
 import horovod_micro as hvm
-from horovod_micro.compression import takes_density
+from horovod_micro.compression import factory, takes_density
 from horovod_micro.compressors.base import ReduceOp, config_of
+from horovod_micro.compressors.micro.compressor import MicroCompressor
+from horovod_micro.compressors.micro.drift import DriftAges, ages
 from horovod_micro.compressors.micro.partition import part_bounds
 from horovod_micro.layout import FlatLayout
 from horovod_micro.momentum import Arrived, masking
@@ -278,6 +284,84 @@ def oracle_choice(summed: torch.Tensor, k: int, n: int, per_part: bool) -> torch
     return torch.cat(picks)
 
 
+def estimate(acc: torch.Tensor, rates: torch.Tensor, age: torch.Tensor, others: float,
+             horizon: float) -> torch.Tensor:
+    """What the owner judges: ``(a + others * T * r) / (1 + others)`` where the rate ``r``
+    is known (not NaN) and the age ``T`` (iterations since the last arrival, at least 1) is
+    at most ``horizon``; ``a`` elsewhere."""
+    age = age.to(acc.dtype).clamp(min=1)
+    known = ~torch.isnan(rates) & (age <= horizon)
+    return torch.where(known, (acc + others * age * rates) / (1.0 + others), acc)
+
+
+class PriorJudgedMicro(MicroCompressor):
+    """An experiment on MiCRO's judge (``--methods prior``), for this simulator only: the
+    owner of a part judges its estimate of the workers' *mean* accumulation, not its own.
+
+    Why. The owner chooses from its own accumulation ``a_i``, a sample of one worker's
+    batches, while the coordinates it picks carry the n workers' sum; at 8 and 16 workers
+    that view costs LeNet-5 and AdamW a point or more against the choice made from the sum
+    (``--methods oracle:parts=True``). Every rank already holds, with no message, the
+    aggregate of each coordinate's last arrival: the workers' mean accumulation over the
+    ``w`` iterations it had waited, so ``r_i = value_i / w_i`` is the workers' mean rate at
+    ``i`` as it was then, measured on n times the samples.
+
+    What. Where coordinate ``i`` arrived at most ``horizon`` iterations ago (its age
+    ``T_i``), the owner judges ``(a_i + (n - 1) T_i r_i) / n`` (:func:`estimate`): its own
+    accumulation and, for the other workers, what they accumulated at ``i`` since, were
+    their rate still ``r_i``; elsewhere ``a_i``. The rest is MiCRO's: the judge scores the
+    estimate, the controller steers the count, every worker sends its own ``a_i``, the bytes
+    are the same. In the plugin it would cost ``N`` rates (4 bytes a coordinate, shared
+    state like the ages, so in checkpoints and elastic resets), ``k`` writes a step, and the
+    estimate inside the threshold pass over the owned part.
+
+    ``horizon``: iterations after its last arrival for which a coordinate's rate counts
+    (``None``: ``1 / density``, the mean wait); ``weight``: the share of the other workers'
+    estimate (1: the ``n - 1`` others; 0: MiCRO's own judge)."""
+
+    name = "prior"
+
+    def __init__(self, density: float = 0.001, *, horizon: float | None = None,
+                 weight: float = 1.0, **settings):
+        super().__init__(density, **settings)
+        self.horizon = 1.0 / density if horizon is None else float(horizon)
+        self.weight = float(weight)
+        self.rates: torch.Tensor | None = None  # NaN: no arrival seen yet
+
+    def config(self) -> dict:
+        return {**super().config(), "horizon": self.horizon, "weight": self.weight}
+
+    def bind(self, numel, comm) -> None:
+        super().bind(numel, comm)
+        if self.ages is None:  # the magnitude judge without Adam keeps none: the ages say T
+            self.ages = DriftAges(numel, self.density)
+
+    def select(self, acc: torch.Tensor, iteration: int):
+        now = iteration + 1
+        age = ages(self.ages.at(acc.device, now), now)
+        if self.rates is None:
+            self.rates = torch.full_like(acc, math.nan)
+        judged = estimate(acc, self.rates, age, self.weight * (self.comm.size - 1),
+                          self.horizon)
+        own_scale = self.rms_scale  # the controller's scale follows what it thresholds
+        self.rms_scale = float(judged.norm()) / math.sqrt(judged.numel())
+        try:
+            return super().select(judged, iteration)
+        finally:
+            self.rms_scale = own_scale
+
+    def observe(self, reduced) -> None:
+        if reduced.waited is not None and reduced.indices.numel():
+            at = reduced.indices.long()
+            self.rates[at] = (reduced.values.to(self.rates.dtype)
+                              / reduced.waited.to(self.rates.dtype).clamp(min=1))
+        super().observe(reduced)
+
+
+#: ``bench.scaling``'s ``prior`` method: the constructor with the plugin's argument check.
+prior = factory(PriorJudgedMicro)
+
+
 def train(method: str, *, n: int, density: float, epochs: float, seed: int = 1,
           dataset: str = "fashion-mnist", model_name: str = "fmnist_mlp",
           batch_size: int = 32, optimizer: str = "nesterov", lr: float | None = None,
@@ -305,9 +389,10 @@ def train(method: str, *, n: int, density: float, epochs: float, seed: int = 1,
     name, kwargs = parse_method(method)
     oracle = name == "oracle"
     sparse = name != "dense" and not oracle
-    if sparse and takes_density(getattr(hvm.Compression, name)):
+    make = (prior if name == "prior" else getattr(hvm.Compression, name)) if sparse else None
+    if sparse and takes_density(make):
         kwargs = {"density": density, **kwargs}
-    compressors = [getattr(hvm.Compression, name)(**kwargs) for _ in range(n)] if sparse else []
+    compressors = [make(**kwargs) for _ in range(n)] if sparse else []
     for compressor in compressors:  # as DistributedOptimizer does (micro_ahead's guess)
         compressor.fit_optimizer(optimizer.param_groups)
     curve: list[tuple[int, float]] = []

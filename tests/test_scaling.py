@@ -11,7 +11,15 @@ import pytest
 import torch
 
 import horovod_micro as hvm
-from bench.scaling import main, mixing_order, oracle_choice, parse_method, train
+from bench.scaling import (
+    estimate,
+    main,
+    mixing_order,
+    oracle_choice,
+    parse_method,
+    prior,
+    train,
+)
 from horovod_micro.stats import ring_allreduce_bytes
 
 RUN = dict(epochs=0.2, dataset="digits", model_name="digits_cnn", report=lambda line: None)
@@ -59,6 +67,28 @@ def test_a_mixed_partition_applies_the_aggregate_in_the_models_order():
                     **RUN)
         assert run["partition"] == partition
         torch.testing.assert_close(run["weights"], dense["weights"], rtol=1e-4, atol=1e-6)
+
+
+def test_the_prior_experiment_judges_the_estimated_mean_accumulation():
+    """``prior``'s estimate against a plain computation, entry by entry: a known rate
+    within the horizon counts for the other workers, an unknown (NaN) or older one leaves
+    the owner's own accumulation; at k = N the run is dense training."""
+    acc = torch.tensor([1.0, -2.0, 3.0, 4.0, 0.5])
+    rates = torch.tensor([0.5, math.nan, -1.0, 2.0, 0.25])
+    age = torch.tensor([2, 3, 4, 200, 0], dtype=torch.int32)
+    expected = []
+    for a, r, t in zip(acc.tolist(), rates.tolist(), age.tolist()):
+        t = max(t, 1)
+        expected.append(a if math.isnan(r) or t > 100 else (a + 2 * t * r) / 3)
+    torch.testing.assert_close(estimate(acc, rates, age, 2.0, 100.0), torch.tensor(expected))
+    dense = train("dense", n=3, density=1.0, **RUN)
+    run = train("prior:momentum_masking=False", n=3, density=1.0, **RUN)
+    assert run["compression_config"]["method"] == "prior"
+    assert run["compression_config"]["horizon"] == 1.0
+    torch.testing.assert_close(run["weights"], dense["weights"], rtol=1e-4, atol=1e-6)
+    compressor = prior(density=0.1, horizon=7.0)
+    assert (compressor.horizon, compressor.weight) == (7.0, 1.0)
+    assert prior(density=0.01).horizon == 100.0
 
 
 def test_records_bytes_and_diagnosis(tmp_path):
