@@ -1186,6 +1186,44 @@ def test_prior_judge_experiment_figures():
     assert prior_sentence() in prose("BENCHMARKS.md")
 
 
+def prior_share_sentence() -> str:
+    """BENCHMARKS.md's figures of the judge experiment with a smaller share for the other
+    workers' estimate (``prior:weight=0.25``, seeds 1 and 2; ``prior:weight=0.5``, seed 1),
+    against MiCRO's defaults and dense with the same seed; and the check that no share
+    met the bars of LeNet-5 at n = 8 and AdamW at 16 on both seeds."""
+    runs = OTHERS["prior_judge"]["runs"]
+    lenet, adamw = ("fmnist_lenet", "nesterov"), ("fmnist_mlp", "adamw")
+
+    def pct(method, model, optimizer, n, seed, peak=None):
+        found = simulated(method, model, optimizer, n, seed, peak,
+                          runs=runs if method.startswith("prior") else RUNS)
+        return 100 * found["final_metric"]
+
+    def pair(method, model, optimizer, n, peak=None):
+        return " / ".join(f"{pct(method, model, optimizer, n, s, peak):.2f}" for s in (1, 2))
+
+    quarter, half = "prior:weight=0.25", "prior:weight=0.5"
+    for run in runs:
+        if run["method"] in (quarter, half):
+            assert run["compression_config"]["weight"] == float(run["method"].split("=")[1])
+    for cell in ((*lenet, 8), (*adamw, 16)):  # a point or more behind dense on some seed
+        assert max(pct("dense", *cell, s) - pct(quarter, *cell, s) for s in (1, 2)) >= 1.0
+        assert pct("dense", *cell, 1) - pct(half, *cell, 1) >= 1.0
+    mlp = [pct(quarter, "fmnist_mlp", "nesterov", n, s)
+           - pct("micro", "fmnist_mlp", "nesterov", n, s) for n in (4, 8, 16) for s in (1, 2)]
+    return (f"With a quarter of the others' estimate (`prior:weight=0.25`; seed 1 / 2): LeNet-5 "
+            f"at n = 8 {pair(quarter, *lenet, 8)} %, at 16 (peak 0.1) "
+            f"{pair(quarter, *lenet, 16, 0.1)} %; AdamW at 16 {pair(quarter, *adamw, 16)} %; "
+            f"the MLP with Nesterov at n = 4, 8 and 16 {min(mlp):+.2f} to {max(mlp):+.2f} "
+            f"points against MiCRO's defaults. With half (seed 1): LeNet-5 at 8 "
+            f"{pct(half, *lenet, 8, 1):.2f} %, AdamW at 16 {pct(half, *adamw, 16, 1):.2f} %. "
+            "No share brings LeNet-5 at 8 or AdamW at 16 within a point of dense on both seeds")
+
+
+def test_prior_judge_share_figures():
+    assert prior_share_sentence() in prose("BENCHMARKS.md")
+
+
 def finer_evaluation_sentence(hosts: int) -> str:
     """BENCHMARKS.md's re-run of a 1 Gbit/s cell's seed 1 with a test evaluation every 5
     iterations (25 in the cell's own runs): MiCRO's shipped defaults against PowerSGD rank 4
