@@ -754,7 +754,8 @@ def test_time_to_accuracy_at_100mbit_and_10gbit_is_the_defaults_run():
 
 def test_readme_accuracy_claim():
     """The README's accuracy claim under its headline: Nesterov at or above dense from 2 to 16
-    (both seeds) and at 64, the gap at 32; AdamW's gaps at 3-8, 12 and 16 workers."""
+    (both seeds) and at 64, the gap at 32; heavy-ball momentum and plain SGD at 4, 8 and 16;
+    AdamW's gaps at 3-8, 12 and 16 workers."""
     readme = prose("README.md")
     assert_nesterov_at_or_above_dense()
     assert capped("micro", 64)["final_accuracy"] >= capped("dense", 64)["final_accuracy"]
