@@ -1165,6 +1165,20 @@ def test_partition_experiment_figures():
     assert partition_sentence() in prose("BENCHMARKS.md")
 
 
+def prior_pct(method: str, model: str, optimizer: str, n: int, seed: int,
+              peak: float | None = None) -> float:
+    """The final metric, in percent, of one run at the scaling recipe: the judge
+    experiment's (a ``prior`` method, ``prior_judge``) or the defaults' and dense's."""
+    runs = OTHERS["prior_judge"]["runs"] if method.startswith("prior") else RUNS
+    return 100 * simulated(method, model, optimizer, n, seed, peak, runs=runs)["final_metric"]
+
+
+def prior_pair(method: str, model: str, optimizer: str, n: int,
+               peak: float | None = None) -> str:
+    """:func:`prior_pct` on seeds 1 and 2, as the prose shows them."""
+    return " / ".join(f"{prior_pct(method, model, optimizer, n, s, peak):.2f}" for s in (1, 2))
+
+
 def prior_sentence() -> str:
     """BENCHMARKS.md's figures of the judge experiment (``bench.scaling --methods prior``,
     ``prior_judge``): its runs at the scaling recipe, against MiCRO's defaults and dense
@@ -1174,34 +1188,30 @@ def prior_sentence() -> str:
         assert run["compression_config"]["method"] == "prior"
         assert run["compression_config"]["horizon"] == 100.0  # 1 / d, the default
 
-    def pct(method, model, optimizer, n, seed, peak=None):
-        found = simulated(method, model, optimizer, n, seed, peak,
-                          runs=runs if method == "prior" else RUNS)
-        return 100 * found["final_metric"]
-
-    def pair(method, model, optimizer, n, peak=None):
-        return " / ".join(f"{pct(method, model, optimizer, n, s, peak):.2f}" for s in (1, 2))
-
     lenet = ("fmnist_lenet", "nesterov")
-    close = max(pct("dense", *lenet, 8, s) - pct("prior", *lenet, 8, s) for s in (1, 2))
+    close = max(prior_pct("dense", *lenet, 8, s) - prior_pct("prior", *lenet, 8, s)
+                for s in (1, 2))
     assert close < 1.0  # within a point of dense on both seeds
-    mlp = [pct("prior", "fmnist_mlp", "nesterov", n, s) - pct("micro", "fmnist_mlp", "nesterov",
-                                                              n, s)
+    mlp = [prior_pct("prior", "fmnist_mlp", "nesterov", n, s)
+           - prior_pct("micro", "fmnist_mlp", "nesterov", n, s)
            for n in (2, 3, 4, 5, 6, 7, 8, 12) for s in (1, 2)]
-    adamw = [pct("prior", "fmnist_mlp", "adamw", n, s) - pct("micro", "fmnist_mlp", "adamw", n, s)
+    adamw = [prior_pct("prior", "fmnist_mlp", "adamw", n, s)
+             - prior_pct("micro", "fmnist_mlp", "adamw", n, s)
              for n in (4, 8) for s in (1, 2)]
-    return (f"LeNet-5 at n = 8: {pair('prior', *lenet, 8)} % (MiCRO {pair('micro', *lenet, 8)}, "
-            f"dense {pair('dense', *lenet, 8)}), within a point of dense on both seeds; at n = 4 "
-            f"{pair('prior', *lenet, 4)} %; at n = 16 (peak 0.1) "
-            f"{pair('prior', *lenet, 16, 0.1)} % "
-            f"(MiCRO {pair('micro', *lenet, 16, 0.1)}). The MLP with Nesterov: within "
+    return (f"LeNet-5 at n = 8: {prior_pair('prior', *lenet, 8)} % "
+            f"(MiCRO {prior_pair('micro', *lenet, 8)}, "
+            f"dense {prior_pair('dense', *lenet, 8)}), within a point of dense on both seeds; "
+            f"at n = 4 "
+            f"{prior_pair('prior', *lenet, 4)} %; at n = 16 (peak 0.1) "
+            f"{prior_pair('prior', *lenet, 16, 0.1)} % "
+            f"(MiCRO {prior_pair('micro', *lenet, 16, 0.1)}). The MLP with Nesterov: within "
             f"{max(abs(d) for d in mlp):.1f} points of MiCRO's defaults at n = 2-12 "
             f"({-sum(mlp) / len(mlp):.2f} below on average), but at 16 "
-            f"{pair('prior', 'fmnist_mlp', 'nesterov', 16)} % against "
-            f"{pair('micro', 'fmnist_mlp', 'nesterov', 16)} %; AdamW: "
+            f"{prior_pair('prior', 'fmnist_mlp', 'nesterov', 16)} % against "
+            f"{prior_pair('micro', 'fmnist_mlp', 'nesterov', 16)} %; AdamW: "
             f"{-max(adamw):.1f}-{-min(adamw):.1f} points below MiCRO at 4 and 8, at 16 "
-            f"{pair('prior', 'fmnist_mlp', 'adamw', 16)} % (MiCRO "
-            f"{pair('micro', 'fmnist_mlp', 'adamw', 16)})")
+            f"{prior_pair('prior', 'fmnist_mlp', 'adamw', 16)} % (MiCRO "
+            f"{prior_pair('micro', 'fmnist_mlp', 'adamw', 16)})")
 
 
 def test_prior_judge_experiment_figures():
@@ -1216,29 +1226,24 @@ def prior_share_sentence() -> str:
     runs = OTHERS["prior_judge"]["runs"]
     lenet, adamw = ("fmnist_lenet", "nesterov"), ("fmnist_mlp", "adamw")
 
-    def pct(method, model, optimizer, n, seed, peak=None):
-        found = simulated(method, model, optimizer, n, seed, peak,
-                          runs=runs if method.startswith("prior") else RUNS)
-        return 100 * found["final_metric"]
-
-    def pair(method, model, optimizer, n, peak=None):
-        return " / ".join(f"{pct(method, model, optimizer, n, s, peak):.2f}" for s in (1, 2))
-
     quarter, half = "prior:weight=0.25", "prior:weight=0.5"
     for run in runs:
         if run["method"] in (quarter, half):
             assert run["compression_config"]["weight"] == float(run["method"].split("=")[1])
     for cell in ((*lenet, 8), (*adamw, 16)):  # a point or more behind dense on some seed
-        assert max(pct("dense", *cell, s) - pct(quarter, *cell, s) for s in (1, 2)) >= 1.0
-        assert pct("dense", *cell, 1) - pct(half, *cell, 1) >= 1.0
-    mlp = [pct(quarter, "fmnist_mlp", "nesterov", n, s)
-           - pct("micro", "fmnist_mlp", "nesterov", n, s) for n in (4, 8, 16) for s in (1, 2)]
+        assert max(prior_pct("dense", *cell, s) - prior_pct(quarter, *cell, s)
+                   for s in (1, 2)) >= 1.0
+        assert prior_pct("dense", *cell, 1) - prior_pct(half, *cell, 1) >= 1.0
+    mlp = [prior_pct(quarter, "fmnist_mlp", "nesterov", n, s)
+           - prior_pct("micro", "fmnist_mlp", "nesterov", n, s) for n in (4, 8, 16) for s in (1, 2)]
     return (f"With a quarter of the others' estimate (`prior:weight=0.25`; seed 1 / 2): LeNet-5 "
-            f"at n = 8 {pair(quarter, *lenet, 8)} %, at 16 (peak 0.1) "
-            f"{pair(quarter, *lenet, 16, 0.1)} %; AdamW at 16 {pair(quarter, *adamw, 16)} %; "
+            f"at n = 8 {prior_pair(quarter, *lenet, 8)} %, at 16 (peak 0.1) "
+            f"{prior_pair(quarter, *lenet, 16, 0.1)} %; "
+            f"AdamW at 16 {prior_pair(quarter, *adamw, 16)} %; "
             f"the MLP with Nesterov at n = 4, 8 and 16 {min(mlp):+.2f} to {max(mlp):+.2f} "
             f"points against MiCRO's defaults. With half (seed 1): LeNet-5 at 8 "
-            f"{pct(half, *lenet, 8, 1):.2f} %, AdamW at 16 {pct(half, *adamw, 16, 1):.2f} %. "
+            f"{prior_pct(half, *lenet, 8, 1):.2f} %, "
+            f"AdamW at 16 {prior_pct(half, *adamw, 16, 1):.2f} %. "
             "No share brings LeNet-5 at 8 or AdamW at 16 within a point of dense on both seeds")
 
 
