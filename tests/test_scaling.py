@@ -7,6 +7,7 @@ each."""
 import json
 import math
 
+import horovod.torch as hvd
 import pytest
 import torch
 
@@ -19,8 +20,13 @@ from bench.scaling import (
     parse_method,
     prior,
     train,
+    verified,
 )
+from horovod_micro.compressors.base import ReduceOp
+from horovod_micro.layout import FlatLayout
+from horovod_micro.reducer import SparseReducer
 from horovod_micro.stats import ring_allreduce_bytes
+from horovod_micro.testing.loopback import LoopbackGroup
 
 RUN = dict(epochs=0.2, dataset="digits", model_name="digits_cnn", report=lambda line: None)
 
@@ -89,6 +95,45 @@ def test_the_prior_experiment_judges_the_estimated_mean_accumulation():
     compressor = prior(density=0.1, horizon=7.0)
     assert (compressor.horizon, compressor.weight) == (7.0, 1.0)
     assert prior(density=0.01).horizon == 100.0
+
+
+def test_the_verified_experiment_applies_the_largest_sums_among_the_candidates():
+    """``verified`` with every coordinate a candidate (density 0.25, factor 4) on 3 loopback
+    ranks, two steps: each step applies exactly the k = N / 4 largest |mean| of the ranks'
+    accumulations (a plain computation: the residuals kept by hand), at the mean, and each
+    rank's residual keeps its accumulation everywhere else."""
+    n, numel, steps = 3, 40, 2
+    k = numel // 4
+    generator = torch.Generator().manual_seed(5)
+    grads = torch.randn(steps, n, numel, generator=generator)
+
+    def rank_body(comm):
+        compressor = verified(density=0.25, factor=4.0, momentum_masking=False)
+        param = torch.nn.Parameter(torch.zeros(numel))
+        reducer = SparseReducer(FlatLayout([("flat", param)]), compressor, comm,
+                                ReduceOp(hvd.Average))
+        seen = []
+        for t in range(steps):
+            param.grad = grads[t][comm.rank].clone()
+            reducer.reduce()
+            seen.append((param.grad.clone(), reducer.residual.clone()))
+        return compressor.config(), seen
+
+    results = LoopbackGroup(n).run(rank_body)
+    assert results[0][0]["density"] == 0.25 and results[0][0]["factor"] == 4.0
+    residuals = torch.zeros(n, numel)
+    for t in range(steps):
+        residuals += grads[t]
+        mean = residuals.mean(0)
+        chosen = torch.topk(mean.abs(), k).indices
+        expected = torch.zeros(numel)
+        expected[chosen] = mean[chosen]
+        residuals[:, chosen] = 0.0
+        for rank, (_, seen) in enumerate(results):
+            applied, residual = seen[t]
+            torch.testing.assert_close(applied, expected)
+            torch.testing.assert_close(residual, residuals[rank])
+    assert int((results[0][1][0][0] != 0).sum()) == k
 
 
 def test_records_bytes_and_diagnosis(tmp_path):
