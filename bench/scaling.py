@@ -64,6 +64,10 @@ from the rates of the coordinates' last aggregates (:class:`PriorJudgedMicro`).
 the owners nominate ``factor`` times the coordinates and the largest sums among them are
 applied (:class:`VerifiedMicro`).
 
+``--age-power P`` is an experiment on Adam's rule (:mod:`horovod_micro.momentum`): an arrived
+burst of age ``k`` enters Adam's second moment as its square over ``k ** P`` instead of the
+plugin's :data:`~horovod_micro.momentum.AGE_POWER` (the runs record it).
+
 ``--partition random`` (or ``blocks:B``) is an experiment on the partition: the workers'
 gradients reach the reducers permuted, so that every part MiCRO's contiguous split makes
 is a sample of every layer (:func:`mixing_order`).
@@ -79,6 +83,7 @@ per rank per step against n).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import math
@@ -92,6 +97,7 @@ from torch.func import functional_call, grad, vmap
 from torch.nn import functional as F  # noqa: N812
 
 import horovod_micro as hvm
+from horovod_micro import momentum as momentum_rules
 from horovod_micro.compression import factory, takes_density
 from horovod_micro.compressors.base import Aggregate, ReduceOp, config_of
 from horovod_micro.compressors.micro.compressor import MicroCompressor
@@ -648,6 +654,19 @@ def figures(runs: Sequence[dict], out: Path) -> None:
         plt.close(fig)
 
 
+@contextlib.contextmanager
+def adam_age_power(power: float | None):
+    """Within it, Adam's second moment takes a burst of age ``k`` as its square over
+    ``k ** power`` (None: the plugin's rule, unchanged)."""
+    saved = momentum_rules.AGE_POWER
+    if power is not None:
+        momentum_rules.AGE_POWER = power
+    try:
+        yield
+    finally:
+        momentum_rules.AGE_POWER = saved
+
+
 DEFAULT_METHODS = ["dense", "micro", "micro:momentum_masking=False", "topk", "gtopk",
                    "gtopk:momentum_masking=True"]
 
@@ -681,6 +700,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                    help="an experiment: the parts MiCRO's contiguous split meets; random (a "
                         "fixed permutation of the flat gradient) or blocks:B (blocks of B "
                         "dealt round-robin) make every part a sample of every layer")
+    p.add_argument("--age-power", type=float, default=None,
+                   help="an experiment: Adam's second moment takes a burst of age k as its "
+                        "square over k ** P (default: the plugin's rule)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--figures", type=Path, default=None)
@@ -703,14 +725,22 @@ def main(argv: Sequence[str] | None = None) -> None:
                                                 r.get("lr", 0.1),
                                                 r.get("lr_scaling", "linear"),
                                                 r.get("partition", "contiguous"),
-                                                r.get("model", "fmnist_mlp"))
+                                                r.get("model", "fmnist_mlp"),
+                                                r.get("age_power"))
                         == (method, n, seed, args.density, args.epochs, args.optimizer,
-                            lr, lr_scaling, partition, args.model)]
-                run = done[0] if done else train(
-                    method, n=n, density=args.density, epochs=args.epochs, seed=seed,
-                    dataset=args.dataset, model_name=args.model, optimizer=args.optimizer,
-                    lr=lr, lr_scaling=lr_scaling, lr_cap=args.lr_cap, partition=partition,
-                    report=(lambda _: None) if args.quiet else print)
+                            lr, lr_scaling, partition, args.model, args.age_power)]
+                if done:
+                    run = done[0]
+                else:
+                    with adam_age_power(args.age_power):
+                        run = train(
+                            method, n=n, density=args.density, epochs=args.epochs,
+                            seed=seed, dataset=args.dataset, model_name=args.model,
+                            optimizer=args.optimizer, lr=lr, lr_scaling=lr_scaling,
+                            lr_cap=args.lr_cap, partition=partition,
+                            report=(lambda _: None) if args.quiet else print)
+                    if args.age_power is not None:
+                        run["age_power"] = args.age_power
                 run.pop("weights", None)
                 runs.append(run)
                 print(f"{method} n={n} seed={seed}: final "

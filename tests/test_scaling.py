@@ -13,6 +13,7 @@ import torch
 
 import horovod_micro as hvm
 from bench.scaling import (
+    adam_age_power,
     estimate,
     main,
     mixing_order,
@@ -22,6 +23,7 @@ from bench.scaling import (
     train,
     verified,
 )
+from horovod_micro import momentum
 from horovod_micro.compressors.base import ReduceOp
 from horovod_micro.layout import FlatLayout
 from horovod_micro.reducer import SparseReducer
@@ -134,6 +136,33 @@ def test_the_verified_experiment_applies_the_largest_sums_among_the_candidates()
             torch.testing.assert_close(applied, expected)
             torch.testing.assert_close(residual, residuals[rank])
     assert int((results[0][1][0][0] != 0).sum()) == k
+
+
+def test_the_age_power_experiment_changes_adams_rule_for_its_run_only():
+    """``--age-power``: inside :func:`adam_age_power` a burst of age k enters Adam's second
+    moment as its square over k ** P (a plain computation of ``prime_adam``'s ``v_b``), and
+    the plugin's rule is back afterwards, also after an error."""
+    shipped = momentum.AGE_POWER
+    param = torch.nn.Parameter(torch.zeros(4))
+    optimizer = torch.optim.Adam([param], lr=0.1)
+    param.grad = torch.ones(4)
+    optimizer.step()  # the state exists: exp_avg_sq = (1 - b2) * 1
+    before = optimizer.state[param]["exp_avg_sq"].clone()
+    param.grad = torch.full((4,), 3.0)
+    arrived = momentum.Arrived(torch.tensor([1, 2]), torch.tensor([4, 9], dtype=torch.int32))
+    with adam_age_power(1.0):
+        assert momentum.AGE_POWER == 1.0
+        settle = momentum.prime_adam(optimizer, [param], [(0, 4)], arrived)
+    assert momentum.AGE_POWER == shipped
+    (_, at, taken), = settle
+    expected = before[[1, 2]] * 0.999 + 0.001 * 9.0 / torch.tensor([4.0, 9.0])
+    assert at.tolist() == [1, 2]
+    torch.testing.assert_close(taken, expected)
+    with pytest.raises(RuntimeError), adam_age_power(0.0):
+        raise RuntimeError("a run that fails")
+    assert momentum.AGE_POWER == shipped
+    with adam_age_power(None):
+        assert momentum.AGE_POWER == shipped
 
 
 def test_records_bytes_and_diagnosis(tmp_path):
