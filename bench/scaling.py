@@ -402,6 +402,11 @@ class VerifiedMicro(MicroCompressor):
     def config(self) -> dict:
         return {**super().config(), "density": self.applied_density, "factor": self.factor}
 
+    def config_error(self) -> str | None:
+        if not (math.isfinite(self.factor) and self.factor >= 1.0):
+            return f"verified: factor must be a finite number >= 1, got {self.factor!r}"
+        return super().config_error()
+
     def combine(self, acc, selection, gathered, iteration, reduction, traffic):
         reduced = super().combine(acc, selection, gathered, iteration, reduction, traffic)
         k = math.floor(self.applied_density * self.numel)

@@ -123,6 +123,8 @@ def test_the_verified_experiment_applies_the_largest_sums_among_the_candidates()
 
     results = LoopbackGroup(n).run(rank_body)
     assert results[0][0]["density"] == 0.25 and results[0][0]["factor"] == 4.0
+    with pytest.raises(ValueError, match="factor must be a finite number >= 1"):
+        verified(density=0.1, factor=0.5)
     residuals = torch.zeros(n, numel)
     for t in range(steps):
         residuals += grads[t]
