@@ -174,17 +174,24 @@ def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
     return value
 
 
-def scaled_lr(lr: float, batch_size: int, n: int, scaling: str) -> float:
+#: Each worker's batch (the scaling recipe's; ``make run``'s at batch 32).
+BATCH_SIZE = 32
+
+
+def scaled_lr(lr: float, batch_size: int, n: int, scaling: str,
+              cap: float | None = None) -> float:
     """The peak lr for n workers of ``batch_size``: ``linear`` (the trainer's
     :func:`~horovod_micro_train.schedule.peak_lr`, ``lr * n * batch / 128``), ``sqrt``
-    (``lr * sqrt(n * batch / 128)``) or ``none`` (``lr``)."""
+    (``lr * sqrt(n * batch / 128)``) or ``none`` (``lr``), at most ``cap`` where given."""
     if scaling == "linear":
-        return peak_lr(lr, batch_size, n)
-    if scaling == "sqrt":
-        return lr * math.sqrt(batch_size * n / 128)
-    if scaling == "none":
-        return lr
-    raise ValueError(f"unknown lr scaling {scaling!r}; choose one of {LR_SCALINGS}")
+        peak = peak_lr(lr, batch_size, n)
+    elif scaling == "sqrt":
+        peak = lr * math.sqrt(batch_size * n / 128)
+    elif scaling == "none":
+        peak = lr
+    else:
+        raise ValueError(f"unknown lr scaling {scaling!r}; choose one of {LR_SCALINGS}")
+    return min(peak, cap) if cap else peak
 
 
 def make_optimizer(name: str, params: list[torch.nn.Parameter], lr: float
@@ -426,7 +433,7 @@ EXPERIMENTS = {"prior": prior, "verified": verified}
 
 def train(method: str, *, n: int, density: float, epochs: float, seed: int = 1,
           dataset: str = "fashion-mnist", model_name: str = "fmnist_mlp",
-          batch_size: int = 32, optimizer: str = "nesterov", lr: float | None = None,
+          batch_size: int = BATCH_SIZE, optimizer: str = "nesterov", lr: float | None = None,
           lr_scaling: str | None = None, lr_cap: float | None = None,
           warmup_epochs: float = 0.5, evaluations_per_epoch: int = 8,
           partition: str = "contiguous", report=print) -> dict:
@@ -440,8 +447,7 @@ def train(method: str, *, n: int, density: float, epochs: float, seed: int = 1,
     torch.manual_seed(seed)
     model = build_model(model_name, num_classes)
     layout = FlatLayout(list(model.named_parameters()))
-    peak = scaled_lr(lr, batch_size, n, lr_scaling)
-    peak = min(peak, lr_cap) if lr_cap else peak
+    peak = scaled_lr(lr, batch_size, n, lr_scaling, lr_cap)
     optimizer = make_optimizer(optimizer_name, layout.params, peak)
     gradients = Gradients(model, layout)
     steps_per_epoch = len(x) // (batch_size * n)
@@ -723,15 +729,14 @@ def main(argv: Sequence[str] | None = None) -> None:
             for method in args.methods:
                 # Dense has no parts: its runs are the same under any --partition.
                 partition = "contiguous" if method == "dense" else args.partition
-                # Records older than the optimizer choice ran the default recipe.
-                done = [r for r in previous if (r["method"], r["n"], r["seed"],
-                                                r["density"], r["epochs"],
-                                                r.get("optimizer", "nesterov"),
-                                                r.get("lr", 0.1),
-                                                r.get("lr_scaling", "linear"),
-                                                r.get("partition", "contiguous"),
-                                                r.get("model", "fmnist_mlp"),
-                                                r.get("age_power"))
+                # Records older than the optimizer choice ran the default recipe; the
+                # peak lr tells a capped run (--lr-cap) from an uncapped one.
+                peak = scaled_lr(lr, BATCH_SIZE, n, lr_scaling, args.lr_cap)
+                done = [r for r in previous if math.isclose(r.get("peak_lr", peak), peak)
+                        and (r["method"], r["n"], r["seed"], r["density"], r["epochs"],
+                             r.get("optimizer", "nesterov"), r.get("lr", 0.1),
+                             r.get("lr_scaling", "linear"), r.get("partition", "contiguous"),
+                             r.get("model", "fmnist_mlp"), r.get("age_power"))
                         == (method, n, seed, args.density, args.epochs, args.optimizer,
                             lr, lr_scaling, partition, args.model, args.age_power)]
                 if done:

@@ -269,3 +269,8 @@ def test_dense_with_adam_and_the_optimizer_in_the_records(tmp_path):
         ("nesterov", 0.1, "linear", 0.1 * 32 * 2 / 128), ("adam", 0.002, "none", 0.002)]
     main(argv + ["--optimizer", "adam", "--lr", "0.002", "--lr-scaling", "none"])
     assert len(json.loads(out.read_text())["runs"]) == 2  # reused
+    # A capped peak is another recipe: trained once, then reused.
+    main(argv + ["--lr-cap", "0.01"])
+    main(argv + ["--lr-cap", "0.01"])
+    runs = json.loads(out.read_text())["runs"]
+    assert [r["peak_lr"] for r in runs] == [0.1 * 32 * 2 / 128, 0.002, 0.01]
