@@ -1328,6 +1328,8 @@ def replica_sentence() -> tuple[str, dict]:
     lenet16 = ("fmnist_lenet", "nesterov", 16)
     at16 = {m: [[one(m, *lenet16, s, 0.1, c) for s in (1, 2)] for c in caps + (0.05,)]
             for m in ("dense", "micro")}
+    ahead = {n: [one("micro_ahead", "fmnist_lenet", "nesterov", n, s, 0.1, 0.1) for s in (1, 2)]
+             for n in (8, 16)}
     adam_lrs = (0.001, 0.0010000001, 0.0010000002, 0.0010000003)
     wide = {m: [one(m, *adamw, 1, lr, lr * 2) for lr in adam_lrs] for m in ("dense", "micro")}
     adamw_gaps = [d - m for d, m in zip(wide["dense"], wide["micro"])]
@@ -1358,13 +1360,15 @@ def replica_sentence() -> tuple[str, dict]:
         f"{slashed(twice['micro:density=0.02'])} %. At n = 16, peak 0.1 and the two nudged "
         f"caps: dense {pairs(at16['dense'][:3])} %, MiCRO {pairs(at16['micro'][:3])} %; at peak "
         f"0.05 dense {slashed(at16['dense'][3])} %, MiCRO {slashed(at16['micro'][3])} %. "
+        f"`micro_ahead` at peak 0.1: {slashed(ahead[8])} % at n = 8, {slashed(ahead[16])} % "
+        "at 16, below the defaults on every run. "
         "AdamW at n = 16, "
         "seed 1, at lr 1e-3 and the three nudged ones (`--lr 0.0010000001` to "
         f"`0.0010000003`): dense {slashed(wide['dense'])} %, MiCRO {slashed(wide['micro'])} "
         f"%, {min(adamw_gaps):.2f}-{max(adamw_gaps):.2f} points below.")
     return sentence, {"edge": edge, "capped_gaps": capped_gaps, "capped": capped,
                       "adamw_gaps": adamw_gaps, "others": others, "twice": twice,
-                      "at16": at16}
+                      "at16": at16, "ahead": ahead}
 
 
 def test_nearby_learning_rates():
@@ -1393,6 +1397,9 @@ def test_nearby_learning_rates():
     gaps16 = [d - m for dd, mm in zip(found["at16"]["dense"], found["at16"]["micro"])
               for d, m in zip(dd, mm)]
     assert sum(g > 2.0 for g in gaps16) == len(gaps16) - 1 and min(gaps16) < 0
+    # micro_ahead below the defaults at the same cap, on each seed at 8 and 16 workers.
+    assert all(a < m for a, m in zip(found["ahead"][8], found["capped"]["micro"][0]))
+    assert all(a < m for a, m in zip(found["ahead"][16], found["at16"]["micro"][0]))
     peak01 = [g for g in gaps16[:6] if g > 0]
     fell = min(v for row in found["at16"]["dense"][:3] for v in row)
     assert (f"at 16 (peak lr 0.1) {min(peak01):.1f}-{max(peak01):.1f} below at learning rates "
