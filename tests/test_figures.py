@@ -1304,12 +1304,9 @@ def replica_sentence() -> tuple[str, dict]:
     replicas = OTHERS["lr_replicas"]["runs"]
 
     def one(method, model, optimizer, n, seed, lr, peak):
-        found = [r for r in RUNS + replicas if r["method"] == method and r["n"] == n
-                 and r["seed"] == seed and r.get("model", "fmnist_mlp") == model
-                 and r.get("optimizer", "nesterov") == optimizer and r["density"] == 0.01
-                 and r["epochs"] == 3 and r["lr"] == lr and math.isclose(r["peak_lr"], peak)]
-        assert len(found) == 1, (method, model, optimizer, n, seed, lr, peak)
-        return 100 * found[0]["final_accuracy"]
+        run = simulated(method, model, optimizer, n, seed, peak, runs=RUNS + replicas)
+        assert run["lr"] == lr, (method, model, optimizer, n, seed, lr, peak)
+        return 100 * run["final_accuracy"]
 
     lenet, adamw = ("fmnist_lenet", "nesterov", 8), ("fmnist_mlp", "adamw", 16)
     nudged = (0.1, 0.1000001, 0.1000002, 0.1000003)
