@@ -57,6 +57,10 @@ its whole residual: they bound what any selection at this density could reach, a
 ``oracle:parts=True`` against ``micro`` measures what judging from one worker's accumulation
 costs (:func:`oracle_choice`). No bytes are counted for them.
 
+``late:delay=0``, ``late:delay=1`` and ``late:delay=2`` are references of the exchange's
+timing: the owners' exact choice by magnitude in their own accumulation, with the values
+applied at once, the other workers' a step late, or all of them later (:class:`LateValues`).
+
 ``prior`` (``prior:horizon=200.0``, ``prior:weight=0.5``) is an experiment on MiCRO's judge,
 not a method of the plugin: the owner judges its estimate of the workers' mean accumulation
 from the rates of the coordinates' last aggregates (:class:`PriorJudgedMicro`).
@@ -300,6 +304,82 @@ def oracle_choice(summed: torch.Tensor, k: int, n: int, per_part: bool) -> torch
     return torch.cat(picks)
 
 
+class LateValues:
+    """A reference exchange (``late:delay=D``), for this simulator only: what it costs in
+    accuracy to apply the chosen coordinates' values ``D`` steps after the choice.
+
+    Why. MiCRO's values can be summed only once the owners have chosen, after backward; a
+    step whose one collective carried the values of coordinates chosen earlier would need
+    nothing after backward, as dense Horovod's allreduce does. ``micro_ahead`` moves the
+    choice a step earlier (its judgement is a gradient old); this moves the values later
+    and keeps the choice fresh.
+
+    What. Every worker keeps its residual; each step, each part's owner (MiCRO's rotation:
+    rank ``r`` owns part ``(t + r) mod n``) takes its share of ``k`` (as
+    :func:`oracle_choice` shares it), the largest ``|a|`` of its *own* accumulation in the
+    part, exactly. ``delay=0``: every worker's value there is applied at once (MiCRO's
+    exchange with an exact count and the magnitude judge: the baseline of this
+    experiment). ``delay=1``: the owner's own value is applied at once and the other
+    workers' a step later (one collective after backward: the owners' positions and values
+    beside the others' values at the positions of the step before). ``delay=2``: the
+    owner's value a step later and the others' two steps later (one collective that
+    backward can start, nothing after it). A worker's value leaves its residual when it is
+    sent, so nothing is lost: the n workers' applied sum, their residuals and the values in
+    flight always add up to their gradients. The momentum is masked by MiCRO's rule where
+    anything arrives, each arrival's age counted from the coordinate's previous one. No
+    bytes are counted. ``late`` alone is ``delay=1``."""
+
+    def __init__(self, numel: int, n: int, k: int, delay: int):
+        if delay not in (0, 1, 2):
+            raise ValueError(f"late: delay must be 0, 1 or 2, got {delay!r}")
+        self.n, self.delay = n, delay
+        self.bounds = part_bounds(numel, n)
+        self.shares = [min(e - s, max(1, round(k * (e - s) / numel))) for s, e in self.bounds]
+        self.residuals = torch.zeros(n, numel)
+        self.last = torch.full((numel,), -1, dtype=torch.int64)
+        self.pending = torch.zeros(0, dtype=torch.int64)  # the others' values go this step
+        self.flight = (torch.zeros(0, dtype=torch.int64), torch.zeros(0))  # owners' (delay 2)
+
+    def choose(self, it: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each owner's exact choice in its part: (coordinates, owner of each)."""
+        picks, owners = [], []
+        for part, ((start, end), share) in enumerate(zip(self.bounds, self.shares)):
+            owner = (part - it) % self.n
+            top = start + torch.topk(self.residuals[owner, start:end].abs(), share,
+                                     sorted=False).indices
+            picks.append(top)
+            owners.append(torch.full_like(top, owner))
+        return torch.cat(picks), torch.cat(owners)
+
+    def step(self, it: int, grads: torch.Tensor) -> tuple[torch.Tensor, Arrived]:
+        """Add the workers' gradients ``(n, N)``; the mean to apply and where it arrived."""
+        res = self.residuals
+        res += grads
+        sent = torch.zeros_like(res, dtype=torch.bool)
+        sent[:, self.pending] = True  # every worker's value at the earlier choice
+        if self.delay < 2:
+            chosen, owners = self.choose(it)
+            sent[owners, chosen] = True
+            if self.delay == 0:
+                sent[:, chosen] = True
+        merged = torch.where(sent, res, 0.0).sum(0)
+        res.masked_fill_(sent, 0.0)
+        arrived = sent.any(0)
+        flown, values = self.flight
+        merged.index_add_(0, flown, values)
+        arrived[flown] = True
+        if self.delay == 1:
+            self.pending = chosen
+        elif self.delay == 2:  # chosen after this step's collective, sent with the next
+            chosen, owners = self.choose(it)
+            self.pending, self.flight = flown, (chosen, res[owners, chosen].clone())
+            res[owners, chosen] = 0.0
+        at = arrived.nonzero().view(-1)
+        waited = (it - self.last[at]).to(torch.int32)
+        self.last[at] = it
+        return merged / self.n, Arrived(at, waited)
+
+
 def estimate(acc: torch.Tensor, rates: torch.Tensor, age: torch.Tensor, others: float,
              horizon: float) -> torch.Tensor:
     """What the owner judges: ``(a + others * T * r) / (1 + others)`` where the rate ``r``
@@ -455,8 +535,8 @@ def train(method: str, *, n: int, density: float, epochs: float, seed: int = 1,
     eval_every = max(1, steps_per_epoch // evaluations_per_epoch)
     order = torch.Generator().manual_seed(seed)
     name, kwargs = parse_method(method)
-    oracle = name == "oracle"
-    sparse = name != "dense" and not oracle
+    oracle, late = name == "oracle", name == "late"
+    sparse = name != "dense" and not oracle and not late
     make = (EXPERIMENTS.get(name) or getattr(hvm.Compression, name)) if sparse else None
     if sparse and takes_density(make):
         kwargs = {"density": density, **kwargs}
@@ -507,6 +587,14 @@ def train(method: str, *, n: int, density: float, epochs: float, seed: int = 1,
             waited = (it - last[chosen]).to(torch.int32)  # iterations accumulated
             last[chosen] = it
             apply(it, merged, Arrived(chosen, waited), masks_like)
+            sent.append(0)
+    elif late:  # values applied late after a fresh choice (see LateValues)
+        exchange = LateValues(layout.numel, n, k, int(kwargs.get("delay", 1)))
+        masks_like = hvm.Compression.micro(density=density)  # MiCRO's masking rule
+        for it in range(iters):
+            if it % steps_per_epoch == 0:
+                perm = torch.randperm(len(x), generator=order)
+            apply(it, *exchange.step(it, gradients(*batches(it, perm))), masks_like)
             sent.append(0)
     elif not sparse:
         for it in range(iters):

@@ -954,6 +954,58 @@ def test_stale_selection_points():
     assert stale_selection_sentence() in prose("BENCHMARKS.md")
 
 
+def late_values_sentence() -> str:
+    """BENCHMARKS.md's cost of applying the values late after a fresh choice
+    (``bench.scaling --methods late:delay=D``, ``late_values``): points against
+    ``late:delay=0`` with the same seed, written from the runs. Checks the claims the text
+    draws from them: with nothing after backward (``delay=2``) every SGD cell loses and the
+    MLP at 16 diverges; a step late (``delay=1``) the MLP's cells fall on both sides, LeNet-5
+    and AdamW at 8 and 16 lose on both seeds; neither delay stays within 0.3 points on every
+    cell."""
+    runs = OTHERS["late_values"]["runs"]
+    final = {(r["method"], r["model"], r["optimizer"], r["n"], r["seed"]):
+             100 * r["final_metric"] for r in runs}
+    assert len(final) == len(runs) == 72
+    assert all(r["compression_config"] is None and r["bytes_per_step"] == 0 for r in runs)
+    assert all(r["peak_lr"] == 0.1 for r in runs if r["model"] == "fmnist_lenet")
+    mlp, lenet, adamw = (("fmnist_mlp", "nesterov"), ("fmnist_lenet", "nesterov"),
+                         ("fmnist_mlp", "adamw"))
+
+    def points(delay, cell, n, seed):
+        return (final[(f"late:delay={delay}", *cell, n, seed)]
+                - final[("late:delay=0", *cell, n, seed)])
+
+    def pair(delay, cell, n):
+        return " / ".join(f"{points(delay, cell, n, s):+.2f}" for s in (1, 2))
+
+    def span(delay, cell, ns):
+        cells = sorted(points(delay, cell, n, s) for n in ns for s in (1, 2))
+        return f"{cells[0]:+.2f} to {cells[-1]:+.2f}"
+    sgd = [(cell, n) for cell, ns in ((mlp, (2, 3, 4, 6, 8, 12, 16)), (lenet, (8, 16)))
+           for n in ns]
+    assert all(points(2, cell, n, s) < 0 for cell, n in sgd for s in (1, 2))
+    assert all(final[("late:delay=2", *mlp, 16, s)] < 70 for s in (1, 2))
+    assert all(points(1, cell, n, s) < 0 for cell in (lenet, adamw) for n in (8, 16)
+               for s in (1, 2))
+    assert {points(1, mlp, n, s) > 0 for n in (3, 4, 6, 8, 12, 16) for s in (1, 2)} == {
+        True, False}
+    for delay in (1, 2):
+        assert min(points(delay, cell, n, s) for cell, n in sgd + [(adamw, 16)]
+                   for s in (1, 2)) < -0.3
+    diverged = " / ".join(f"{final[('late:delay=2', *mlp, 16, s)]:.2f}" for s in (1, 2))
+    return (f"`delay=1`: the MLP with Nesterov at n = 2 {pair(1, mlp, 2)}, 3-12 "
+            f"{span(1, mlp, (3, 4, 6, 8, 12))}, 16 {pair(1, mlp, 16)}; LeNet-5 (peak 0.1) at "
+            f"8 {pair(1, lenet, 8)}, 16 {pair(1, lenet, 16)}; AdamW at 4 {pair(1, adamw, 4)}, "
+            f"8 and 16 {span(1, adamw, (8, 16))}. `delay=2`: the MLP at 2-12 "
+            f"{span(2, mlp, (2, 3, 4, 6, 8, 12))}, at 16 {diverged} % (diverged); LeNet-5 "
+            f"{span(2, lenet, (8, 16))}; AdamW at 4 {pair(2, adamw, 4)}, 8 and 16 "
+            f"{span(2, adamw, (8, 16))}")
+
+
+def test_late_values_figures():
+    assert late_values_sentence() in prose("BENCHMARKS.md")
+
+
 def test_step_ahead_exchange_floors():
     """BENCHMARKS.md's per-iteration cost of an exchange whose coordinates were agreed a
     step ahead (bench.pipeline's ahead-* variants) against dense on 8 Gloo ranks and

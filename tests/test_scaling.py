@@ -13,6 +13,7 @@ import torch
 
 import horovod_micro as hvm
 from bench.scaling import (
+    LateValues,
     adam_age_power,
     estimate,
     main,
@@ -58,6 +59,55 @@ def test_the_reference_choice_is_the_top_k_of_the_workers_sum():
         torch.testing.assert_close(run["weights"], dense["weights"], rtol=1e-4, atol=1e-6)
     sparse = train("oracle", n=3, density=0.05, **RUN)
     assert not torch.allclose(sparse["weights"], dense["weights"], rtol=1e-3, atol=1e-4)
+
+
+def test_the_late_values_reference_applies_the_owners_choice_later():
+    """``late:delay=D`` against a hand computation at n = 2, N = 4 (parts [0, 2) and
+    [2, 4), one pick each; rank r owns part (t + r) mod 2): the owners' values at once and
+    the others' a step later (delay 1), the owners' a step later and the others' two
+    (delay 2); and over random
+    gradients nothing is lost: the applied sums, the residuals and the values in flight
+    add up to the gradients."""
+    grads = [torch.tensor([[1.0, 3.0, 6.0, 0.5], [2.0, 5.0, 4.0, 1.0]]),
+             torch.ones(2, 4), torch.zeros(2, 4)]
+    # Step 0: rank 0 picks 1 (|3| > |1|) in part 0, rank 1 picks 2 (|4| > |1|) in part 1.
+    # Delay 1, step 1: residuals [2, 1, 7, 1.5] and [3, 6, 1, 2]; rank 1 picks 1, rank 0
+    # picks 2, where the others' values of step 0 go too. Step 2: rank 0 picks 0 (its 2),
+    # rank 1 picks 3 (its 2), beside the others' values (0) at 1 and 2.
+    # Delay 2: step 0 applies nothing; step 1 the owners' values of step 0 (3 and 4);
+    # step 2 step 1's owners' values (rank 1's 6 at 1, rank 0's 7 at 2) and what the other
+    # workers hold at step 0's choice (rank 0's 1 at 1, rank 1's 1 at 2).
+    # (merged mean, where it arrived, how long each had waited) per step:
+    expected = {0: [([0, 4.0, 5.0, 0], [1, 2], [1, 1]), ([2.5, 0, 0, 1.75], [0, 3], [2, 2]),
+                    ([0, 1.0, 1.0, 0], [1, 2], [2, 2])],
+                1: [([0, 1.5, 2.0, 0], [1, 2], [1, 1]), ([0, 3.5, 4.0, 0], [1, 2], [1, 1]),
+                    ([1.0, 0, 0, 1.0], [0, 1, 2, 3], [3, 1, 1, 3])],
+                2: [([0, 0, 0, 0], [], []), ([0, 1.5, 2.0, 0], [1, 2], [2, 2]),
+                    ([0, 3.5, 4.0, 0], [1, 2], [1, 1])]}
+    for delay, rows in expected.items():
+        late = LateValues(4, 2, 2, delay)
+        for it, (g, (mean, at, waited)) in enumerate(zip(grads, rows)):
+            merged, arrived = late.step(it, g)
+            assert merged.tolist() == mean, (delay, it)
+            assert arrived.indices.tolist() == at and arrived.waited.tolist() == waited
+    torch.manual_seed(0)
+    for delay in (0, 1, 2):
+        late, total, applied = LateValues(10, 3, 3, delay), torch.zeros(10), torch.zeros(10)
+        for it in range(7):
+            g = torch.randn(3, 10)
+            total += g.sum(0)
+            applied += 3 * late.step(it, g)[0]
+        flown, values = late.flight
+        held = late.residuals.sum(0).index_add(0, flown, values)
+        torch.testing.assert_close(applied + held, total)
+    with pytest.raises(ValueError, match="delay must be 0, 1 or 2"):
+        LateValues(4, 2, 2, 3)
+    # In training: at k = N, delay 0 is dense training and delay 1 is not.
+    dense = train("dense", n=3, density=1.0, **RUN)
+    now, later = (train(f"late:delay={d}", n=3, density=1.0, **RUN) for d in (0, 1))
+    assert now["compression_config"] is None and now["bytes_per_step"] == 0
+    torch.testing.assert_close(now["weights"], dense["weights"], rtol=1e-4, atol=1e-6)
+    assert not torch.allclose(later["weights"], dense["weights"], rtol=1e-3, atol=1e-4)
 
 
 def test_a_mixed_partition_applies_the_aggregate_in_the_models_order():
