@@ -296,12 +296,15 @@ def oracle_choice(summed: torch.Tensor, k: int, n: int, per_part: bool) -> torch
     from the sum."""
     if not per_part:
         return torch.topk(summed.abs(), k, sorted=False).indices
-    numel = summed.numel()
-    picks = []
-    for start, end in part_bounds(numel, n):
-        share = min(end - start, max(1, round(k * (end - start) / numel)))
-        picks.append(start + torch.topk(summed[start:end].abs(), share, sorted=False).indices)
-    return torch.cat(picks)
+    return torch.cat([start + torch.topk(summed[start:end].abs(), share, sorted=False).indices
+                      for start, end, share in part_shares(summed.numel(), n, k)])
+
+
+def part_shares(numel: int, n: int, k: int) -> list[tuple[int, int, int]]:
+    """MiCRO's ``n`` contiguous parts as ``(start, end, share)``: each part's share of ``k``
+    is ``round(k * size / N)``, at least 1 and at most the part."""
+    return [(start, end, min(end - start, max(1, round(k * (end - start) / numel))))
+            for start, end in part_bounds(numel, n)]
 
 
 class LateValues:
@@ -315,8 +318,8 @@ class LateValues:
     and keeps the choice fresh.
 
     What. Every worker keeps its residual; each step, each part's owner (MiCRO's rotation:
-    rank ``r`` owns part ``(t + r) mod n``) takes its share of ``k`` (as
-    :func:`oracle_choice` shares it), the largest ``|a|`` of its *own* accumulation in the
+    rank ``r`` owns part ``(t + r) mod n``) takes its share of ``k``
+    (:func:`part_shares`), the largest ``|a|`` of its *own* accumulation in the
     part, exactly. ``delay=0``: every worker's value there is applied at once (MiCRO's
     exchange with an exact count and the magnitude judge: the baseline of this
     experiment). ``delay=1``: the owner's own value is applied at once and the other
@@ -333,8 +336,7 @@ class LateValues:
         if delay not in (0, 1, 2):
             raise ValueError(f"late: delay must be 0, 1 or 2, got {delay!r}")
         self.n, self.delay = n, delay
-        self.bounds = part_bounds(numel, n)
-        self.shares = [min(e - s, max(1, round(k * (e - s) / numel))) for s, e in self.bounds]
+        self.parts = part_shares(numel, n, k)
         self.residuals = torch.zeros(n, numel)
         self.last = torch.full((numel,), -1, dtype=torch.int64)
         self.pending = torch.zeros(0, dtype=torch.int64)  # the others' values go this step
@@ -343,7 +345,7 @@ class LateValues:
     def choose(self, it: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Each owner's exact choice in its part: (coordinates, owner of each)."""
         picks, owners = [], []
-        for part, ((start, end), share) in enumerate(zip(self.bounds, self.shares)):
+        for part, (start, end, share) in enumerate(self.parts):
             owner = (part - it) % self.n
             top = start + torch.topk(self.residuals[owner, start:end].abs(), share,
                                      sorted=False).indices
