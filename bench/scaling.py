@@ -77,10 +77,10 @@ gradients reach the reducers permuted, so that every part MiCRO's contiguous spl
 is a sample of every layer (:func:`mixing_order`).
 
 Writes ``--json`` (every run, with its curve; a run already there with the same method, n,
-seed, density, epochs, optimizer, lr, lr scaling, model and partition is reused, not
-trained again) and, with ``--figures DIR``, ``scaling-accuracy.png``
-(``scaling-val-loss.png`` for a language model: the final metric against n, one line per
-method) and ``scaling-bytes.png`` (bytes
+seed, density, epochs, optimizer, lr, lr scaling, model, partition and torch threads is
+reused, not trained again; a record without its thread count matches any) and, with
+``--figures DIR``, ``scaling-accuracy.png`` (``scaling-val-loss.png`` for a language model:
+the final metric against n, one line per method) and ``scaling-bytes.png`` (bytes
 per rank per step against n).
 """
 
@@ -804,7 +804,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--age-power", type=float, default=None,
                    help="an experiment: Adam's second moment takes a burst of age k as its "
                         "square over k ** P (default: the plugin's rule)")
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=int, default=2,
+                   help="torch's threads (recorded with each run): the order of the float sums "
+                        "follows it, so a run at another count ends elsewhere, by up to half a "
+                        "point of accuracy")
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--figures", type=Path, default=None)
     p.add_argument("--quiet", action="store_true")
@@ -826,9 +829,11 @@ def main(argv: Sequence[str] | None = None) -> None:
                         and (r["method"], r["n"], r["seed"], r["density"], r["epochs"],
                              r.get("optimizer", "nesterov"), r.get("lr", 0.1),
                              r.get("lr_scaling", "linear"), r.get("partition", "contiguous"),
-                             r.get("model", "fmnist_mlp"), r.get("age_power"))
+                             r.get("model", "fmnist_mlp"), r.get("age_power"),
+                             r.get("threads", args.threads))  # older records: not kept
                         == (method, n, seed, args.density, args.epochs, args.optimizer,
-                            lr, lr_scaling, partition, args.model, args.age_power)]
+                            lr, lr_scaling, partition, args.model, args.age_power,
+                            args.threads)]
                 if done:
                     run = done[0]
                 else:
@@ -841,6 +846,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                             report=(lambda _: None) if args.quiet else print)
                     if args.age_power is not None:
                         run["age_power"] = args.age_power
+                    run["threads"] = args.threads
                 run.pop("weights", None)
                 runs.append(run)
                 print(f"{method} n={n} seed={seed}: final "

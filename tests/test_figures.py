@@ -966,7 +966,8 @@ def late_values_sentence() -> str:
     final = {(r["method"], r["model"], r["optimizer"], r["n"], r["seed"]):
              100 * r["final_metric"] for r in runs}
     assert len(final) == len(runs) == 72
-    assert all(r["compression_config"] is None and r["bytes_per_step"] == 0 for r in runs)
+    assert all(r["compression_config"] is None and r["bytes_per_step"] == 0
+               and r["threads"] == 1 for r in runs)
     assert all(r["peak_lr"] == 0.1 for r in runs if r["model"] == "fmnist_lenet")
     mlp, lenet, adamw = (("fmnist_mlp", "nesterov"), ("fmnist_lenet", "nesterov"),
                          ("fmnist_mlp", "adamw"))
