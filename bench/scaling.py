@@ -300,6 +300,29 @@ def oracle_choice(summed: torch.Tensor, k: int, n: int, per_part: bool) -> torch
                       for start, end, share in part_shares(summed.numel(), n, k)])
 
 
+class OracleChoice:
+    """The reference exchange of ``oracle`` (``parts``: ``oracle:parts=True``): every worker
+    keeps its residual, and each step the :func:`oracle_choice` of their sum carries the
+    workers' mean and leaves every residual."""
+
+    def __init__(self, numel: int, n: int, k: int, parts: bool):
+        self.n, self.k, self.parts = n, k, parts
+        self.residuals = torch.zeros(n, numel)
+        self.last = torch.full((numel,), -1, dtype=torch.int64)
+
+    def step(self, it: int, grads: torch.Tensor) -> tuple[torch.Tensor, Arrived]:
+        """Add the workers' gradients ``(n, N)``; the mean to apply and where it arrived."""
+        self.residuals += grads
+        summed = self.residuals.sum(0)
+        chosen = oracle_choice(summed, self.k, self.n, self.parts)
+        merged = torch.zeros_like(summed)
+        merged[chosen] = summed[chosen] / self.n
+        self.residuals[:, chosen] = 0.0
+        waited = (it - self.last[chosen]).to(torch.int32)  # iterations accumulated
+        self.last[chosen] = it
+        return merged, Arrived(chosen, waited)
+
+
 def part_shares(numel: int, n: int, k: int) -> list[tuple[int, int, int]]:
     """MiCRO's ``n`` contiguous parts as ``(start, end, share)``: each part's share of ``k``
     is ``round(k * size / N)``, at least 1 and at most the part."""
@@ -573,30 +596,14 @@ def train(method: str, *, n: int, density: float, epochs: float, seed: int = 1,
                    f"{'test accuracy' if metric == 'accuracy' else 'validation loss'} "
                    f"{curve[-1][1]:.4f} ({time.perf_counter() - start:.0f} s)")
 
-    if oracle:  # the reference choice from the summed accumulation (see the docstring)
-        residuals = torch.zeros(n, layout.numel)
-        last = torch.full((layout.numel,), -1, dtype=torch.int64)
+    if oracle or late:  # a reference exchange on plain tensors (see their docstrings)
+        reference = (OracleChoice(layout.numel, n, k, kwargs.get("parts", False)) if oracle
+                     else LateValues(layout.numel, n, k, int(kwargs.get("delay", 1))))
         masks_like = hvm.Compression.micro(density=density)  # MiCRO's masking rule
         for it in range(iters):
             if it % steps_per_epoch == 0:
                 perm = torch.randperm(len(x), generator=order)
-            residuals += gradients(*batches(it, perm))
-            summed = residuals.sum(0)
-            chosen = oracle_choice(summed, k, n, kwargs.get("parts", False))
-            merged = torch.zeros(layout.numel)
-            merged[chosen] = summed[chosen] / n
-            residuals[:, chosen] = 0.0
-            waited = (it - last[chosen]).to(torch.int32)  # iterations accumulated
-            last[chosen] = it
-            apply(it, merged, Arrived(chosen, waited), masks_like)
-            sent.append(0)
-    elif late:  # values applied late after a fresh choice (see LateValues)
-        exchange = LateValues(layout.numel, n, k, int(kwargs.get("delay", 1)))
-        masks_like = hvm.Compression.micro(density=density)  # MiCRO's masking rule
-        for it in range(iters):
-            if it % steps_per_epoch == 0:
-                perm = torch.randperm(len(x), generator=order)
-            apply(it, *exchange.step(it, gradients(*batches(it, perm))), masks_like)
+            apply(it, *reference.step(it, gradients(*batches(it, perm))), masks_like)
             sent.append(0)
     elif not sparse:
         for it in range(iters):

@@ -66,9 +66,8 @@ def test_the_late_values_reference_applies_the_owners_choice_later():
     """``late:delay=D`` against a hand computation at n = 2, N = 4 (parts [0, 2) and
     [2, 4), one pick each; rank r owns part (t + r) mod 2): the owners' values at once and
     the others' a step later (delay 1), the owners' a step later and the others' two
-    (delay 2); and over random
-    gradients nothing is lost: the applied sums, the residuals and the values in flight
-    add up to the gradients."""
+    (delay 2); and over random gradients nothing is lost: the applied sums, the residuals
+    and the values in flight add up to the gradients."""
     grads = [torch.tensor([[1.0, 3.0, 6.0, 0.5], [2.0, 5.0, 4.0, 1.0]]),
              torch.ones(2, 4), torch.zeros(2, 4)]
     # Step 0: rank 0 picks 1 (|3| > |1|) in part 0, rank 1 picks 2 (|4| > |1|) in part 1.
