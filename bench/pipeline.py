@@ -49,6 +49,18 @@ once), so their medians and paired ratios compare like with like:
   post-accumulate hooks as each gradient is complete, each piece with its own
   sum-of-squares word; the last also chooses the next part and carries its indices. What
   remains after backward is the wait and the writes;
+* ``buckets-B`` (``buckets-1``, ``buckets-2``, ``buckets-4``, ``buckets-8``): the
+  exchange cut per bucket and started by backward, with the choice fresh: the flat vector
+  in ``B`` contiguous buckets, each cut into ``n`` slices that rotate among the ranks
+  (every rank owns one slice of every bucket). As backward completes a bucket, each rank
+  squares it (the status word's pass, piece by piece), chooses in its own slice
+  (MiCRO's native threshold pass, steered towards fixed slots of ``1.2 k_b / n``) and
+  starts the bucket's index gather; the bucket's value allreduce, at the gathered
+  coordinates, starts once that gather is back, at the next bucket's completion or
+  after backward. ``buckets-1`` is MiCRO's own exchange with no overlap; more buckets
+  leave less after backward: the last bucket's gather and values, in a smaller piece.
+  It waits for its collectives as MiCRO does (:mod:`horovod_micro.waiting`). No MiCRO
+  controller, judge or header in it: a floor of the per-bucket design;
 * ``micro``: the defaults;
 * ``micro-exact``: the defaults with ``capacity="exact"``: variable-size blocks, which
   Horovod negotiates every step, against ``micro``'s fixed-shape slots;
@@ -100,6 +112,10 @@ VARIANTS = {
     "ahead-floor": None,
     "ahead-one": None,
     "ahead-overlap": None,
+    "buckets-1": None,
+    "buckets-2": None,
+    "buckets-4": None,
+    "buckets-8": None,
     "micro": ({}, {}),
     "micro-exact": ({}, {}, {"capacity": "exact"}),
     "micro-copy": ({"zero_copy": False}, {}),
@@ -107,6 +123,9 @@ VARIANTS = {
     "micro-ahead": ({}, {}, {"method": "micro_ahead"}),
 }
 AHEAD = {"ahead-floor": "two", "ahead-one": "one", "ahead-overlap": "overlap"}
+BUCKETS = {f"buckets-{b}": b for b in (1, 2, 4, 8)}
+#: Variants that time their own exchange on two flat buffers (residual, output).
+FLOORS = ("ef-floor", *AHEAD, *BUCKETS)
 SPARSE = [label for label, spec in VARIANTS.items() if spec is not None]
 POOL = 64  # random batches cycled per iteration (bench.common.random_batches)
 PHASES = ("accumulate", "status", "select", "indices", "values", "exchange_local", "update",
@@ -163,7 +182,7 @@ def worker(args) -> None:
         if label == "dense":
             opt = runs[label]["opt"] = hvd.DistributedOptimizer(
                 base, named_parameters=model.named_parameters())
-        if label in ("ef-floor", *AHEAD):  # two flat buffers cut as the reducer cuts its own
+        if label in FLOORS:  # two flat buffers cut as the reducer cuts its own
             layout = FlatLayout(list(model.named_parameters()))
             flats = [torch.zeros(layout.numel, device=device) for _ in range(2)]
             runs[label]["grads"] = [layout.views(flat) for flat in flats]
@@ -173,6 +192,9 @@ def worker(args) -> None:
                                                       hvd.rank(), device, AHEAD[label])
             if AHEAD[label] == "overlap":
                 ahead.install_hooks(layout.params, flats[0])
+        if label in BUCKETS:
+            runs[label]["ahead"] = BucketFloor(layout, args.density, hvd.size(), hvd.rank(),
+                                               BUCKETS[label], flats[0])
 
     def iteration(run, label, keep):
         model, opt = run["model"], run["opt"]
@@ -192,7 +214,7 @@ def worker(args) -> None:
         sparse = label in SPARSE
         if sparse or label == "dense":
             opt.synchronize()
-        elif label in AHEAD:
+        elif label in AHEAD or label in BUCKETS:
             run["ahead"].exchange(*run["flats"], run["t"])
         elif label in ("barrier", "ef-floor"):  # what any synchronous step pays, bytes aside
             hvd.allreduce(torch.zeros(1), name="barrier")
@@ -334,6 +356,111 @@ class AheadFloor:
         residual.index_fill_(0, self.union, 0.0)
         output.index_fill_(0, self.union, 0.0)
         output.index_copy_(0, self.union, summed)
+
+
+class BucketFloor:
+    """The ``buckets-B`` variants' exchange (see the module docstring): per bucket, a fresh
+    choice in this rank's rotating slice, its index gather started from backward's
+    post-accumulate hooks, and its value allreduce at the gathered coordinates started as
+    soon as that gather is back."""
+
+    def __init__(self, layout, density: float, size: int, rank: int, buckets: int, flat):
+        import torch
+
+        from horovod_micro.compressors.micro.partition import part_bounds
+        from horovod_micro.selection import ThresholdSelector
+
+        self.size, self.rank, self.flat, self.numel = size, rank, flat, layout.numel
+        self.bounds = part_bounds(layout.numel, buckets)
+        self.slices = [[(lo + a, lo + b) for a, b in part_bounds(hi - lo, size)]
+                       for lo, hi in self.bounds]
+        self.capacity = [math.ceil(1.2 * max(1, int(density * (hi - lo))) / size)
+                         for lo, hi in self.bounds]
+        self.selector = [ThresholdSelector(c) for c in self.capacity]
+        self.threshold: list[float | None] = [None] * buckets
+        # Per parameter, the buckets it overlaps; per bucket, how many parameters it waits for.
+        self.covers = [[b for b, (lo, hi) in enumerate(self.bounds) if p_lo < hi and lo < p_hi]
+                       for p_lo, p_hi in layout.slices]
+        self.needs = [sum(b in c for c in self.covers) for b in range(buckets)]
+        self.step = 0
+        self.written = None  # the output's coordinates the last step wrote
+        self._reset()
+        for i, param in enumerate(layout.params):
+            param.register_post_accumulate_grad_hook(lambda _, i=i: self._arrived(i))
+        self.torch = torch
+
+    def _reset(self) -> None:
+        self.waiting = list(self.needs)
+        self.gathers: dict[int, object] = {}  # bucket -> index gather in flight
+        self.values: dict[int, tuple] = {}  # bucket -> (allreduce handle, slots, valid)
+        self.order: list[int] = []  # buckets in the order backward completed them
+
+    def _arrived(self, i: int) -> None:
+        for b in self.covers[i]:
+            self.waiting[b] -= 1
+            if self.waiting[b] == 0:
+                self._bucket_ready(b)
+
+    def _bucket_ready(self, b: int) -> None:
+        import horovod.torch as hvd
+
+        torch = self.torch
+        for done in [d for d, h in self.gathers.items() if hvd.poll(h)]:
+            self._start_values(done)  # a gather back during backward: its values go now
+        lo, hi = self.bounds[b]
+        piece = self.flat[lo:hi]
+        sq = torch.dot(piece, piece)  # the status word's pass over N, bucket by bucket
+        s_lo, s_hi = self.slices[b][(self.rank + self.step + b) % self.size]
+        mine = self.flat[s_lo:s_hi]
+        if self.threshold[b] is None:
+            self.threshold[b] = float(mine.abs().max()) / 2 if mine.numel() else 1.0
+        chosen = self.selector[b](mine, self.threshold[b], s_lo, self.numel)
+        capacity = self.capacity[b]
+        count = min(chosen.numel(), capacity)
+        block = torch.zeros(2 + capacity, dtype=torch.int32)
+        block[0] = count
+        block[1] = int(not torch.isfinite(sq))  # the status word's place
+        block[2:2 + count] = chosen[:count].to(torch.int32)
+        # Steered towards the slots, as MiCRO's controller steers its count.
+        self.threshold[b] *= 1.1 if chosen.numel() > capacity else 0.95
+        self.gathers[b] = hvd.allgather_async(block.view(1, -1), name=f"bucket.idx{b}")
+        self.order.append(b)
+
+    def _start_values(self, b: int) -> None:
+        import horovod.torch as hvd
+
+        from horovod_micro.waiting import wait
+
+        torch = self.torch
+        if b in self.values:
+            return
+        blocks = wait(self.gathers.pop(b), self.flat, None)
+        counts = blocks[:, 0].long()
+        slots = blocks[:, 2:].long()
+        valid = torch.arange(slots.shape[1])[None, :] < counts[:, None]
+        slots = slots.masked_fill(~valid, 0).view(-1)
+        values = torch.where(valid.view(-1), self.flat.index_select(0, slots), 0.0)
+        handle = hvd.allreduce_async(values, name=f"bucket.val{b}", op=hvd.Average)
+        self.values[b] = (handle, slots, valid.view(-1))
+
+    def exchange(self, residual, output, step: int) -> None:
+        from horovod_micro.waiting import wait
+
+        for b in self.order:
+            self._start_values(b)
+        if self.written is not None:
+            output.index_fill_(0, self.written, 0.0)
+        written = []
+        for b in self.order:
+            handle, slots, valid = self.values[b]
+            summed = wait(handle, output, None)
+            used = slots[valid]
+            residual.index_fill_(0, used, 0.0)
+            output.index_copy_(0, used, summed[valid])
+            written.append(used)
+        self.written = self.torch.cat(written)
+        self.step = step + 1
+        self._reset()
 
 
 # ---------------------------------------------------------------------------- timeline

@@ -1036,6 +1036,42 @@ def test_step_ahead_exchange_floors():
             ) in prose("BENCHMARKS.md")
 
 
+
+def bucket_overlap_sentence() -> str:
+    """BENCHMARKS.md's figures of the per-bucket exchange started by backward (bench.pipeline's
+    buckets-B floors), rebuilt from iteration-ranks.json (``buckets``), after checking what
+    its text claims: in every run each cut into 2 or more buckets was slower than one."""
+    data = json.loads((ROOT / "bench" / "results" / "iteration-ranks.json").read_text())
+    data = data["buckets"]
+    cells = {"wide_mlp_1gbit": ("wide_mlp", 2, "1gbit"),
+             "wide_mlp_100mbit": ("wide_mlp", 2, "100mbit"), "np8": ("fmnist_mlp", 8, None)}
+    for key, (model, np_, rate) in cells.items():
+        for run in data[key]:
+            args = run["args"]
+            assert (args["model"], args["np"], args["rate"], args["backend"]) == (
+                model, np_, rate, "gloo")
+            assert run["summary"]["micro"]["compression_config"] == shipped(args["density"])
+            got = {v: r["paired_x_compute"] for v, r in run["summary"].items()}
+            assert all(got[v] > got["buckets-1"] for v in got
+                       if v.startswith("buckets-") and v != "buckets-1")
+
+    def spans(runs):
+        variants = [v for v in runs[0]["summary"] if v.startswith("buckets-")] + ["micro"]
+        out = []
+        for v in variants:
+            got = sorted(r["summary"][v]["paired_x_compute"] for r in runs)
+            name = "MiCRO" if v == "micro" else f"`{v}`"
+            out.append(f"{name} {got[0]:.2f}-{got[-1]:.2f}x")
+        return ", ".join(out)
+    one, slow, np8 = data["wide_mlp_1gbit"], data["wide_mlp_100mbit"], data["np8"]
+    return (f"over {len(one)} runs of the 1 Gbit/s cell {spans(one)}; over {len(slow)} runs "
+            f"at 100 Mbit/s {spans(slow)}; over {len(np8)} runs of 8 Gloo ranks of the main "
+            f"job's model {spans(np8)}")
+
+
+def test_bucket_overlap_figures():
+    assert bucket_overlap_sentence() in prose("BENCHMARKS.md")
+
 def test_adamw_at_16_workers_diagnosis():
     """AdamW at n = 16 (seed 1): a higher density or a longer run closes most of the gap; a
     global choice (gTop-k) does not. BENCHMARKS.md and the which-method page quote the runs."""
