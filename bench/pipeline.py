@@ -61,6 +61,8 @@ once), so their medians and paired ratios compare like with like:
   leave less after backward: the last bucket's gather and values, in a smaller piece.
   It waits for its collectives as MiCRO does (:mod:`horovod_micro.waiting`). No MiCRO
   controller, judge or header in it: a floor of the per-bucket design;
+* ``parts``: the same cut at MiCRO's own parts (``n`` buckets), each chosen whole by the
+  rank that owns it this step (MiCRO's rotation) and its indices broadcast from that rank;
 * ``micro``: the defaults;
 * ``micro-exact``: the defaults with ``capacity="exact"``: variable-size blocks, which
   Horovod negotiates every step, against ``micro``'s fixed-shape slots;
@@ -116,6 +118,7 @@ VARIANTS = {
     "buckets-2": None,
     "buckets-4": None,
     "buckets-8": None,
+    "parts": None,
     "micro": ({}, {}),
     "micro-exact": ({}, {}, {"capacity": "exact"}),
     "micro-copy": ({"zero_copy": False}, {}),
@@ -123,7 +126,7 @@ VARIANTS = {
     "micro-ahead": ({}, {}, {"method": "micro_ahead"}),
 }
 AHEAD = {"ahead-floor": "two", "ahead-one": "one", "ahead-overlap": "overlap"}
-BUCKETS = {f"buckets-{b}": b for b in (1, 2, 4, 8)}
+BUCKETS = {f"buckets-{b}": b for b in (1, 2, 4, 8)} | {"parts": None}  # None: MiCRO's parts
 #: Variants that time their own exchange on two flat buffers (residual, output).
 FLOORS = ("ef-floor", *AHEAD, *BUCKETS)
 SPARSE = [label for label, spec in VARIANTS.items() if spec is not None]
@@ -362,19 +365,24 @@ class BucketFloor:
     """The ``buckets-B`` variants' exchange (see the module docstring): per bucket, a fresh
     choice in this rank's rotating slice, its index gather started from backward's
     post-accumulate hooks, and its value allreduce at the gathered coordinates started as
-    soon as that gather is back."""
+    soon as that gather is back. ``buckets=None``: MiCRO's ``n`` parts, each chosen whole by
+    its owner this step and broadcast from it."""
 
-    def __init__(self, layout, density: float, size: int, rank: int, buckets: int, flat):
+    def __init__(self, layout, density: float, size: int, rank: int, buckets: int | None,
+                 flat):
         import torch
 
         from horovod_micro.compressors.micro.partition import part_bounds
         from horovod_micro.selection import ThresholdSelector
 
         self.size, self.rank, self.flat, self.numel = size, rank, flat, layout.numel
+        self.whole = buckets is None
+        buckets = size if self.whole else buckets
         self.bounds = part_bounds(layout.numel, buckets)
-        self.slices = [[(lo + a, lo + b) for a, b in part_bounds(hi - lo, size)]
+        shares = 1 if self.whole else size  # who chooses in a bucket: its owner, or every rank
+        self.slices = [[(lo + a, lo + b) for a, b in part_bounds(hi - lo, shares)]
                        for lo, hi in self.bounds]
-        self.capacity = [math.ceil(1.2 * max(1, int(density * (hi - lo))) / size)
+        self.capacity = [math.ceil(1.2 * max(1, int(density * (hi - lo))) / shares)
                          for lo, hi in self.bounds]
         self.selector = [ThresholdSelector(c) for c in self.capacity]
         self.threshold: list[float | None] = [None] * buckets
@@ -410,8 +418,9 @@ class BucketFloor:
         lo, hi = self.bounds[b]
         piece = self.flat[lo:hi]
         sq = torch.dot(piece, piece)  # the status word's pass over N, bucket by bucket
-        s_lo, s_hi = self.slices[b][(self.rank + self.step + b) % self.size]
-        mine = self.flat[s_lo:s_hi]
+        owner = (b - self.step) % self.size  # MiCRO's rotation (parts)
+        s_lo, s_hi = self.slices[b][0 if self.whole else (self.rank + self.step + b) % self.size]
+        mine = self.flat[s_lo:s_hi] if not self.whole or self.rank == owner else self.flat[:0]
         if self.threshold[b] is None:
             self.threshold[b] = float(mine.abs().max()) / 2 if mine.numel() else 1.0
         chosen = self.selector[b](mine, self.threshold[b], s_lo, self.numel)
@@ -423,7 +432,9 @@ class BucketFloor:
         block[2:2 + count] = chosen[:count].to(torch.int32)
         # Steered towards the slots, as MiCRO's controller steers its count.
         self.threshold[b] *= 1.1 if chosen.numel() > capacity else 0.95
-        self.gathers[b] = hvd.allgather_async(block.view(1, -1), name=f"bucket.idx{b}")
+        self.gathers[b] = (hvd.broadcast_async(block, owner, name=f"bucket.idx{b}")
+                           if self.whole else
+                           hvd.allgather_async(block.view(1, -1), name=f"bucket.idx{b}"))
         self.order.append(b)
 
     def _start_values(self, b: int) -> None:
@@ -434,7 +445,7 @@ class BucketFloor:
         torch = self.torch
         if b in self.values:
             return
-        blocks = wait(self.gathers.pop(b), self.flat, None)
+        blocks = wait(self.gathers.pop(b), self.flat, None).view(-1, 2 + self.capacity[b])
         counts = blocks[:, 0].long()
         slots = blocks[:, 2:].long()
         valid = torch.arange(slots.shape[1])[None, :] < counts[:, None]
