@@ -370,8 +370,6 @@ class BucketFloor:
 
     def __init__(self, layout, density: float, size: int, rank: int, buckets: int | None,
                  flat):
-        import torch
-
         from horovod_micro.compressors.micro.partition import part_bounds
         from horovod_micro.selection import ThresholdSelector
 
@@ -395,7 +393,6 @@ class BucketFloor:
         self._reset()
         for i, param in enumerate(layout.params):
             param.register_post_accumulate_grad_hook(lambda _, i=i: self._arrived(i))
-        self.torch = torch
 
     def _reset(self) -> None:
         self.waiting = list(self.needs)
@@ -411,8 +408,8 @@ class BucketFloor:
 
     def _bucket_ready(self, b: int) -> None:
         import horovod.torch as hvd
+        import torch
 
-        torch = self.torch
         for done in [d for d, h in self.gathers.items() if hvd.poll(h)]:
             self._start_values(done)  # a gather back during backward: its values go now
         lo, hi = self.bounds[b]
@@ -421,17 +418,19 @@ class BucketFloor:
         owner = (b - self.step) % self.size  # MiCRO's rotation (parts)
         s_lo, s_hi = self.slices[b][0 if self.whole else (self.rank + self.step + b) % self.size]
         mine = self.flat[s_lo:s_hi] if not self.whole or self.rank == owner else self.flat[:0]
-        if self.threshold[b] is None:
-            self.threshold[b] = float(mine.abs().max()) / 2 if mine.numel() else 1.0
-        chosen = self.selector[b](mine, self.threshold[b], s_lo, self.numel)
         capacity = self.capacity[b]
-        count = min(chosen.numel(), capacity)
         block = torch.zeros(2 + capacity, dtype=torch.int32)
-        block[0] = count
         block[1] = int(not torch.isfinite(sq))  # the status word's place
-        block[2:2 + count] = chosen[:count].to(torch.int32)
-        # Steered towards the slots, as MiCRO's controller steers its count.
-        self.threshold[b] *= 1.1 if chosen.numel() > capacity else 0.95
+        if mine.numel():  # this rank chooses here (not in a part another rank owns)
+            if self.threshold[b] is None:  # the first choice takes its share exactly
+                share = min(mine.numel(), max(1, int(capacity / 1.2)))
+                self.threshold[b] = float(mine.abs().topk(share).values[-1])
+            chosen = self.selector[b](mine, self.threshold[b], s_lo, self.numel)
+            count = min(chosen.numel(), capacity)
+            block[0] = count
+            block[2:2 + count] = chosen[:count].to(torch.int32)
+            # Steered towards the slots, as MiCRO's controller steers its count.
+            self.threshold[b] *= 1.1 if chosen.numel() > capacity else 0.95
         self.gathers[b] = (hvd.broadcast_async(block, owner, name=f"bucket.idx{b}")
                            if self.whole else
                            hvd.allgather_async(block.view(1, -1), name=f"bucket.idx{b}"))
@@ -439,10 +438,10 @@ class BucketFloor:
 
     def _start_values(self, b: int) -> None:
         import horovod.torch as hvd
+        import torch
 
         from horovod_micro.waiting import wait
 
-        torch = self.torch
         if b in self.values:
             return
         blocks = wait(self.gathers.pop(b), self.flat, None).view(-1, 2 + self.capacity[b])
@@ -455,6 +454,8 @@ class BucketFloor:
         self.values[b] = (handle, slots, valid.view(-1))
 
     def exchange(self, residual, output, step: int) -> None:
+        import torch
+
         from horovod_micro.waiting import wait
 
         for b in self.order:
@@ -469,7 +470,7 @@ class BucketFloor:
             residual.index_fill_(0, used, 0.0)
             output.index_copy_(0, used, summed[valid])
             written.append(used)
-        self.written = self.torch.cat(written)
+        self.written = torch.cat(written)
         self.step = step + 1
         self._reset()
 
