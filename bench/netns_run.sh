@@ -7,6 +7,13 @@
 # command sends over 127.0.0.1 (Gloo's TCP pairs between local ranks) passes the tbf qdisc
 # on the namespace's loopback: both directions share that one queue. burst 1mb and
 # latency 1s: a smaller burst or shorter latency made Gloo time out.
+#
+# HVM_TBF_BURST (default 1mb) sets another burst; the loopback's MTU is then 1500 (its own
+# 64 KiB packets would not fit a small bucket, and Gloo would time out). What the burst
+# does: a message that finds the bucket full passes at loopback speed, so with 1mb every
+# message under about 1 MB that follows a quiet moment costs no wire time at all. A burst
+# of a few packets (64kb) charges every message its wire time (BENCHMARKS.md, "Iteration
+# time on rate-limited links").
 # The namespace is deleted on every exit path (success, failure, timeout, Ctrl-C/TERM);
 # the command runs in its own session so its whole process group can be killed.
 set -euo pipefail
@@ -25,9 +32,13 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 ip netns add "$ns"
+burst=${HVM_TBF_BURST:-1mb}
 ip netns exec "$ns" ip link set lo up
+if [[ "$burst" != 1mb ]]; then
+    ip netns exec "$ns" ip link set lo mtu 1500
+fi
 if [[ "$rate" != none ]]; then
-    ip netns exec "$ns" tc qdisc add dev lo root tbf rate "$rate" burst 1mb latency 1s
+    ip netns exec "$ns" tc qdisc add dev lo root tbf rate "$rate" burst "$burst" latency 1s
 fi
 ip netns exec "$ns" tc qdisc show dev lo >&2
 setsid timeout --kill-after=10 "$limit" ip netns exec "$ns" "$@" &

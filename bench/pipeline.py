@@ -539,6 +539,9 @@ def main() -> None:
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                     help="cuda: the model and the reducer on each rank's GPU")
     ap.add_argument("--rate", default=None, help="tbf rate of bench/netns_run.sh (as root)")
+    ap.add_argument("--burst", default=None,
+                    help="tbf burst of bench/netns_run.sh (default 1mb: a message under about "
+                         "1 MB after a quiet moment costs no wire time; 64kb charges it)")
     ap.add_argument("--cycle-time-ms", type=float, default=None,
                     help="HOROVOD_CYCLE_TIME for the ranks (Horovod 0.28.1 default: 1 ms)")
     ap.add_argument("--timeline", action="store_true",
@@ -559,6 +562,8 @@ def main() -> None:
         env = {"PYTHONPATH": str(REPO)}
         if args.cycle_time_ms is not None:
             env["HOROVOD_CYCLE_TIME"] = f"{args.cycle_time_ms:g}"
+        if args.burst is not None:
+            env["HVM_TBF_BURST"] = args.burst
         timeline = Path(tmp) / "timeline.json"
         if args.timeline:
             env["HOROVOD_TIMELINE"] = str(timeline)
@@ -579,8 +584,11 @@ def main() -> None:
     cycle = "1 (default)" if args.cycle_time_ms is None else f"{args.cycle_time_ms:g}"
     where = ("GPU (NCCL collectives)" if args.device == "cuda"
              else {"gloo": "Gloo", "mpi": "MPI"}[args.backend])
+    link = args.rate or "unlimited"
+    if args.rate and args.burst:
+        link += f" (tbf burst {args.burst})"
     print(f"# {args.model}, batch {args.batch}, d = {args.density}, {args.np} {where} ranks, link "
-          f"{args.rate or 'unlimited'}, Horovod cycle time {cycle} ms; medians of {iters} "
+          f"{link}, Horovod cycle time {cycle} ms; medians of {iters} "
           "interleaved iterations, ms (total: slower rank; phases: rank 0)\n")
     cols = ("total", "compute", "backward", "sync", "step", *PHASES)
     print("| variant | " + " | ".join(cols) + " | x compute-only, paired "

@@ -1037,6 +1037,17 @@ def test_step_ahead_exchange_floors():
 
 
 
+def floor_spans(runs: list[dict]) -> str:
+    """Each bucket floor's and MiCRO's span of x compute-only (paired) over ``runs``."""
+    variants = [v for v in runs[0]["summary"] if v.startswith("buckets-")] + ["parts", "micro"]
+    out = []
+    for v in variants:
+        got = sorted(r["summary"][v]["paired_x_compute"] for r in runs)
+        name = "MiCRO" if v == "micro" else f"`{v}`"
+        out.append(f"{name} {got[0]:.2f}-{got[-1]:.2f}x")
+    return ", ".join(out)
+
+
 def bucket_overlap_sentence() -> str:
     """BENCHMARKS.md's figures of the per-bucket exchange started by backward (bench.pipeline's
     buckets-B and parts floors), rebuilt from iteration-ranks.json (``buckets``), after
@@ -1045,13 +1056,14 @@ def bucket_overlap_sentence() -> str:
     ``parts`` were in both runs and ``buckets-2`` in one of the two."""
     data = json.loads((ROOT / "bench" / "results" / "iteration-ranks.json").read_text())
     data = data["buckets"]
-    cells = {"wide_mlp_1gbit": ("wide_mlp", 2, "1gbit"),
-             "wide_mlp_100mbit": ("wide_mlp", 2, "100mbit"), "np8": ("fmnist_mlp", 8, None)}
-    for key, (model, np_, rate) in cells.items():
+    cells = {"wide_mlp_1gbit": ("wide_mlp", 2, "1gbit", None),
+             "wide_mlp_100mbit": ("wide_mlp", 2, "100mbit", None),
+             "np8": ("fmnist_mlp", 8, None, None)}
+    for key, (model, np_, rate, burst) in cells.items():
         for run in data[key]:
             args = run["args"]
-            assert (args["model"], args["np"], args["rate"], args["backend"]) == (
-                model, np_, rate, "gloo")
+            assert (args["model"], args["np"], args["rate"], args["backend"],
+                    args.get("burst")) == (model, np_, rate, "gloo", burst)
             assert run["summary"]["micro"]["compression_config"] == shipped(args["density"])
             got = {v: r["paired_x_compute"] for v, r in run["summary"].items()}
             cuts = [v for v in got if v.startswith("buckets-") or v == "parts"]
@@ -1063,23 +1075,46 @@ def bucket_overlap_sentence() -> str:
                for got in np8)
     assert sum(got["buckets-2"] > got["buckets-1"] for got in np8) == 1 and len(np8) == 2
 
-    def spans(runs):
-        variants = [v for v in runs[0]["summary"] if v.startswith("buckets-")] + ["parts",
-                                                                                 "micro"]
-        out = []
-        for v in variants:
-            got = sorted(r["summary"][v]["paired_x_compute"] for r in runs)
-            name = "MiCRO" if v == "micro" else f"`{v}`"
-            out.append(f"{name} {got[0]:.2f}-{got[-1]:.2f}x")
-        return ", ".join(out)
     one, slow, np8 = data["wide_mlp_1gbit"], data["wide_mlp_100mbit"], data["np8"]
-    return (f"over {len(one)} runs of the 1 Gbit/s cell {spans(one)}; over {len(slow)} runs "
-            f"at 100 Mbit/s {spans(slow)}; over {len(np8)} runs of 8 Gloo ranks of the main "
-            f"job's model {spans(np8)}")
+    return (f"over {len(one)} runs of the 1 Gbit/s cell {floor_spans(one)}; over {len(slow)} runs "
+            f"at 100 Mbit/s {floor_spans(slow)}; over {len(np8)} runs of 8 Gloo ranks of the main "
+            f"job's model {floor_spans(np8)}")
+
+
+def bucket_burst_figures() -> tuple[str, str]:
+    """The tbf bucket's effect (iteration-ranks.json, ``buckets``): MiCRO's value allreduce at
+    100 Mbit/s with the default 1 MB bucket and with 64 KB (several times longer in every
+    run), and the cuts with 64 KB, none faster than one bucket by more than 0.06x. Returns
+    the figures of the caveat and of the cells."""
+    data = json.loads((ROOT / "bench" / "results" / "iteration-ranks.json").read_text())
+    data = data["buckets"]
+    small = {rate: data[f"wide_mlp_{rate}_burst64kb"] for rate in ("1gbit", "100mbit")}
+    for rate, runs in small.items():
+        for run in runs:
+            args = run["args"]
+            assert (args["model"], args["np"], args["rate"], args["burst"]) == (
+                "wide_mlp", 2, rate, "64kb")
+            assert run["summary"]["micro"]["compression_config"] == shipped(args["density"])
+            got = {v: r["paired_x_compute"] for v, r in run["summary"].items()}
+            assert all(got[v] > got["buckets-1"] - 0.06 for v in got
+                       if v.startswith("buckets-") or v == "parts")
+    big = sorted(1e3 * r["summary"]["micro"]["values"] for r in data["wide_mlp_100mbit"])
+    charged = sorted(1e3 * r["summary"]["micro"]["values"] for r in small["100mbit"])
+    assert charged[0] > 3 * big[-1]
+    caveat = (f"MiCRO's value allreduce in the 100 Mbit/s cell: {big[0]:.1f}-{big[-1]:.1f} ms "
+              f"with it, {charged[0]:.1f}-{charged[-1]:.1f} ms with a 64 KB bucket")
+
+    cells = (f"over {len(small['1gbit'])} runs at 1 Gbit/s {floor_spans(small['1gbit'])}; over "
+             f"{len(small['100mbit'])} runs at 100 Mbit/s {floor_spans(small['100mbit'])}")
+    return caveat, cells
 
 
 def test_bucket_overlap_figures():
-    assert bucket_overlap_sentence() in prose("BENCHMARKS.md")
+    text = prose("BENCHMARKS.md")
+    assert bucket_overlap_sentence() in text
+    caveat, cells = bucket_burst_figures()
+    assert caveat in text and cells in text
+
 
 def test_adamw_at_16_workers_diagnosis():
     """AdamW at n = 16 (seed 1): a higher density or a longer run closes most of the gap; a
