@@ -7,8 +7,10 @@ What is measured: ResNet-18 for CIFAR
 cluster is in), synthetic data,
 batch 32 per rank, SGD (Nesterov 0.9, weight decay 1e-4), 2 ranks over Gloo in a network
 namespace whose loopback is limited by tc tbf (``bench/netns_run.sh``) to 100 Mbit/s,
-1 Gbit/s, or unlimited. In ONE run per link, interleaved round by round (so the noise of a
-shared 2-core machine falls on all of them alike):
+1 Gbit/s, or unlimited. tbf's bucket is 1 MB unless ``--burst`` sets it: with 1 MB a
+message under about 1 MB that follows a quiet moment passes without its wire time (most of
+a sparse method's messages); ``--burst 64kb`` charges it. In ONE run per link, interleaved
+round by round (so the noise of a shared 2-core machine falls on all of them alike):
 
 * ``compute``: the same loop with the plain optimizer, no exchange (the lower bound);
 * ``none`` / ``fp16``: Horovod's dense allreduce (overlapped with backward by hooks);
@@ -264,9 +266,13 @@ def main() -> None:
     ap.add_argument("--np", type=int, default=2)
     ap.add_argument("--quick", action="store_true",
                     help="1 round of 1 iteration, 2 sparse warm-ups, density 0.001 only, batch 8")
+    ap.add_argument("--burst", default=None,
+                    help="tbf burst of bench/netns_run.sh (default 1mb: a message under about "
+                         "1 MB after a quiet moment costs no wire time; 64kb charges it)")
     ap.add_argument("--json", type=Path, default=None,
                     help="default: bench/results/bandwidth.json (resnet18), "
-                    "bench/results/bandwidth-wide_mlp.json (wide_mlp)")
+                    "bench/results/bandwidth-wide_mlp.json (wide_mlp); with --burst, "
+                    "-burstB before .json")
     ap.add_argument("--table-only", action="store_true",
                     help="print the tables of an earlier run's --json file")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
@@ -280,6 +286,7 @@ def main() -> None:
         args.sparse_warmup = 2
     if args.json is None:
         suffix = "" if args.model == "resnet18" else f"-{args.model}"
+        suffix += f"-burst{args.burst}" if args.burst else ""
         args.json = REPO / f"bench/results/bandwidth{suffix}.json"
     if args.worker:
         worker(args)
@@ -301,9 +308,14 @@ def main() -> None:
         cmd = [str(REPO / "bench/netns_run.sh"), rate, "1500",
                *horovodrun_cmd(args.np, "gloo", argv)]
         started = time.time()
-        log = run_bounded(cmd, timeout=1600, env={"PYTHONPATH": str(REPO)}).stdout
+        env = {"PYTHONPATH": str(REPO)}
+        if args.burst:
+            env["HVM_TBF_BURST"] = args.burst
+        log = run_bounded(cmd, timeout=1600, env=env).stdout
         (REPO / f"bench/results/bandwidth-{args.model}-{rate}.log").write_text(log)
         results[rate] = json.loads(out.read_text())
+        if args.burst:
+            results[rate]["burst"] = args.burst
         out.unlink()
         print(table(rate, results[rate]), f"\n\n(wall {time.time() - started:.0f} s)\n",
               flush=True)

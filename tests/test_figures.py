@@ -1103,17 +1103,41 @@ def bucket_burst_figures() -> tuple[str, str]:
     assert charged[0] > 3 * big[-1]
     caveat = (f"MiCRO's value allreduce in the 100 Mbit/s cell: {big[0]:.1f}-{big[-1]:.1f} ms "
               f"with it, {charged[0]:.1f}-{charged[-1]:.1f} ms with a 64 KB bucket")
+    free, paid = round(sum(big) / len(big)), round(sum(charged) / len(charged))
+    assert f"100 Mbit/s: about {free} ms a step instead of {paid};" in prose("README.md")
+    assert (f"100 Mbit/s took about {paid} ms a step instead of {free}."
+            in prose("docs", "choosing.md"))
 
     cells = (f"over {len(small['1gbit'])} runs at 1 Gbit/s {floor_spans(small['1gbit'])}; over "
              f"{len(small['100mbit'])} runs at 100 Mbit/s {floor_spans(small['100mbit'])}")
     return caveat, cells
 
 
+def small_bucket_bandwidth_sentence() -> str:
+    """BENCHMARKS.md's communication-bound cell with a 64 KB tbf bucket, which charges every
+    message its wire time (``bandwidth-wide_mlp-burst64kb.json``): MiCRO ran as the shipped
+    defaults at d = 0.001, with the default SGD update, on 2 ranks."""
+    data = json.loads((ROOT / "bench" / "results"
+                       / "bandwidth-wide_mlp-burst64kb.json").read_text())
+    cells = []
+    for rate, link in (("1gbit", "1 Gbit/s"), ("100mbit", "100 Mbit/s")):
+        res = data[rate]
+        assert res["burst"] == "64kb" and res["sgd"] == "default" and res["size"] == 2
+        got = {c["label"]: c for c in res["configs"]}
+        micro, topk = got["micro d=0.001"], got["topk d=0.001"]
+        assert micro["method"] == "micro" and micro["density"] == 0.001
+        cells.append((link, micro["paired_x_compute"], micro["paired_dense_over"],
+                      topk["paired_over_micro"]))
+    return ("paired: MiCRO " + " and ".join(f"{c[1]:.2f}x compute-only at {c[0]}" for c in cells)
+            + ", dense's iteration " + " and ".join(f"{c[2]:.2f}x" for c in cells)
+            + " MiCRO's, Top-k's " + " and ".join(f"{c[3]:.2f}x" for c in cells))
+
 def test_bucket_overlap_figures():
     text = prose("BENCHMARKS.md")
     assert bucket_overlap_sentence() in text
     caveat, cells = bucket_burst_figures()
     assert caveat in text and cells in text
+    assert small_bucket_bandwidth_sentence() in text
 
 
 def test_adamw_at_16_workers_diagnosis():
