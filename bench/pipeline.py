@@ -440,18 +440,17 @@ class BucketFloor:
         import horovod.torch as hvd
         import torch
 
+        from horovod_micro.compressors.micro.compressor import values_in_slots
         from horovod_micro.waiting import wait
 
         if b in self.values:
             return
         blocks = wait(self.gathers.pop(b), self.flat, None).view(-1, 2 + self.capacity[b])
-        counts = blocks[:, 0].long()
-        slots = blocks[:, 2:].long()
-        valid = torch.arange(slots.shape[1])[None, :] < counts[:, None]
-        slots = slots.masked_fill(~valid, 0).view(-1)
-        values = torch.where(valid.view(-1), self.flat.index_select(0, slots), 0.0)
+        slots = blocks[:, 2:].long()  # 0 past each rank's count (the blocks start zeroed)
+        valid = torch.arange(slots.shape[1])[None, :] < blocks[:, :1].long()
+        values = values_in_slots(self.flat, slots, valid, lambda v: v)  # MiCRO's own
         handle = hvd.allreduce_async(values, name=f"bucket.val{b}", op=hvd.Average)
-        self.values[b] = (handle, slots, valid.view(-1))
+        self.values[b] = (handle, slots.view(-1), valid.view(-1))
 
     def exchange(self, residual, output, step: int) -> None:
         import torch

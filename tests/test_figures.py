@@ -1036,7 +1036,6 @@ def test_step_ahead_exchange_floors():
             ) in prose("BENCHMARKS.md")
 
 
-
 def floor_spans(runs: list[dict]) -> str:
     """Each bucket floor's and MiCRO's span of x compute-only (paired) over ``runs``."""
     variants = [v for v in runs[0]["summary"] if v.startswith("buckets-")] + ["parts", "micro"]
@@ -1070,11 +1069,11 @@ def bucket_overlap_sentence() -> str:
             assert len(cuts) >= 4 and "parts" in cuts
             if model == "wide_mlp":  # the communication-bound cell: every cut slower
                 assert all(got[v] > got["buckets-1"] for v in cuts if v != "buckets-1")
-    np8 = [{v: r["paired_x_compute"] for v, r in run["summary"].items()} for run in data["np8"]]
+    ratios = [{v: r["paired_x_compute"] for v, r in run["summary"].items()}
+              for run in data["np8"]]
     assert all(got["buckets-4"] > got["buckets-1"] and got["parts"] > got["buckets-1"]
-               for got in np8)
-    assert sum(got["buckets-2"] > got["buckets-1"] for got in np8) == 1 and len(np8) == 2
-
+               for got in ratios)
+    assert sum(got["buckets-2"] > got["buckets-1"] for got in ratios) == 1 and len(ratios) == 2
     one, slow, np8 = data["wide_mlp_1gbit"], data["wide_mlp_100mbit"], data["np8"]
     return (f"over {len(one)} runs of the 1 Gbit/s cell {floor_spans(one)}; over {len(slow)} runs "
             f"at 100 Mbit/s {floor_spans(slow)}; over {len(np8)} runs of 8 Gloo ranks of the main "
@@ -1131,6 +1130,7 @@ def small_bucket_bandwidth_sentence() -> str:
     return ("paired: MiCRO " + " and ".join(f"{c[1]:.2f}x compute-only at {c[0]}" for c in cells)
             + ", dense's iteration " + " and ".join(f"{c[2]:.2f}x" for c in cells)
             + " MiCRO's, Top-k's " + " and ".join(f"{c[3]:.2f}x" for c in cells))
+
 
 def test_bucket_overlap_figures():
     text = prose("BENCHMARKS.md")
