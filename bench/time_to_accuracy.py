@@ -6,10 +6,13 @@ experiment at small scale (communication-bound model, Fashion-MNIST, one rank pe
     python -m bench.time_to_accuracy --cells scaling slow      # n=2/8 and 100 Mbit/s, reduced
     python -m bench.time_to_accuracy --hosts 2 --methods none micro   # one cell of your own
     python -m bench.time_to_accuracy --hosts 4 --methods micro powersgd:rank=2
+    python -m bench.time_to_accuracy --hosts 4 --rate 100mbit --burst 64kb  # wire time charged
     python -m bench.time_to_accuracy --report-only             # tables and figures again
 
 Each cell is H hosts of ``hvm_testbed.cluster`` (network namespaces, one veth
-per host with a tbf in both directions at the cell's rate, sshd in each), and each run is one
+per host with a tbf in both directions at the cell's rate, sshd in each; tbf's bucket is 1 MB,
+under which a sparse method's messages pass free after a quiet moment, unless ``--burst``
+sets a smaller one), and each run is one
 ``horovodrun -np H -H hvm1:1,...,hvmH:1 --gloo python -m horovod_micro_train`` started in host hvm1,
 with the same seed and recipe for every method: ``wide_mlp`` (12.7M parameters, the
 communication-bound model), batch 32 per rank, SGD with Nesterov momentum, and a test
@@ -66,14 +69,16 @@ PHASES = tuple(f for f in TIME_FIELDS if f != "total")
 
 @dataclass(frozen=True)
 class Cell:
-    """H hosts at one link rate."""
+    """H hosts at one link rate, with tbf's bucket of ``burst`` bytes (None: the cluster's
+    default of 1 MB, which lets a message under about 1 MB pass free after a quiet moment)."""
 
     hosts: int
     rate: str
+    burst: str | None = None
 
     @property
     def name(self) -> str:
-        return f"n{self.hosts}-{self.rate}"
+        return f"n{self.hosts}-{self.rate}" + (f"-burst{self.burst}" if self.burst else "")
 
 
 @dataclass(frozen=True)
@@ -130,7 +135,7 @@ def matrix(cells: list[str], args: argparse.Namespace) -> list[Job]:
     headline = Cell(4, "1gbit")
     plan: list[Job] = []
     if args.hosts:  # one cell of the caller's choosing
-        return jobs_for(Cell(args.hosts, args.rate), args.methods or ["none", "micro"],
+        return jobs_for(Cell(args.hosts, args.rate, args.burst), args.methods or ["none", "micro"],
                         args.densities or [0.001], args.seeds or [1])
     for name in cells:
         if name == "quick":
@@ -183,7 +188,8 @@ def run_jobs(plan: list[Job], args: argparse.Namespace) -> None:
         todo = [j for j in jobs if not (run_dir(args.out, j) / "summary.json").exists()]
         if not todo:
             continue
-        with Cluster.up(cell.hosts, rate=cell.rate) as cluster:
+        burst = {"burst": cell.burst} if cell.burst else {}
+        with Cluster.up(cell.hosts, rate=cell.rate, **burst) as cluster:
             for job in todo:
                 out = run_dir(args.out, job)
                 cmd = [horovodrun(), "-np", str(cell.hosts), "-H", cluster.slots(), "--gloo",
@@ -464,6 +470,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hosts", type=int, default=None,
                    help="instead of --cells: one cell of this many hosts at --rate")
     p.add_argument("--rate", default="1gbit", help="with --hosts: each host's link rate")
+    p.add_argument("--burst", default=None,
+                   help="with --hosts: tbf's bucket on every link (default 1mb, under which "
+                   "a message after a quiet moment costs no wire time; 64kb charges it); "
+                   "the cell is then named nH-RATE-burstB")
     p.add_argument("--methods", nargs="*", default=None)
     p.add_argument("--densities", nargs="*", type=float, default=None)
     p.add_argument("--seeds", nargs="*", type=int, default=None)
@@ -481,6 +491,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=REPO / "runs" / "time_to_accuracy")
     p.add_argument("--report-only", action="store_true")
     args = p.parse_args(argv)
+    if args.burst and not args.hosts:
+        p.error("--burst applies to one cell of your own: give --hosts (and --rate)")
     if args.quick:
         args.cells = ["quick"]
         args.iters = args.iters or 100

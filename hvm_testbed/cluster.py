@@ -15,7 +15,10 @@ started by ``horovodrun -H``/``--hostfile`` (or ``mpirun``) over ssh. Each host 
   whose peer sits on a bridge in a separate "switch" namespace, so this machine's root
   namespace gets no address, link or route;
 * rate-limited in both directions: a tbf qdisc on ``eth0`` (upload) and one on its peer in
-  the switch (download). burst 1mb and latency 1s: smaller values make Gloo time out;
+  the switch (download), latency 1s, burst 1mb unless ``--burst`` sets another. A message
+  that finds the bucket full passes at memory speed, so with 1 MB most of a sparse method's
+  messages (under about 1 MB, after a quiet moment) cost no wire time; ``--burst 64kb``
+  charges them (the veth's MTU is 1500, so every packet fits a small bucket);
 * an ``sshd`` in that namespace and in its own UTS namespace (``hostname`` is ``hvmK``),
   with a throwaway host key and a throwaway client key under ``/run/hvm-cluster/ID``;
   ``/etc/netns/NS/hosts`` (which ``ip netns exec`` mounts over ``/etc/hosts``) resolves
@@ -53,7 +56,9 @@ from pathlib import Path
 STATE_ROOT = Path("/run/hvm-cluster")
 SUBNET = "198.18.0"  # RFC 2544 benchmark range, only ever on the emulated bridge
 IFACE = "eth0"
-TBF = ("burst", "1mb", "latency", "1s")
+TBF_LATENCY = ("latency", "1s")
+#: tbf's bucket unless a cluster sets another (see the module docstring)
+DEFAULT_BURST = "1mb"
 SSH = "/usr/bin/ssh"
 SSHD = "/usr/sbin/sshd"
 MAX_HOSTS = 200
@@ -99,6 +104,7 @@ class Cluster:
     sshd_pids: dict[str, int] = field(default_factory=dict)
     owner: list[int] | None = None  # (pid, start time) of the process it lives for
     watchdog_pid: int | None = None
+    burst: str = DEFAULT_BURST  # tbf's bucket on every link
 
     # -- names and addresses -------------------------------------------------------
     @property
@@ -163,7 +169,7 @@ class Cluster:
     # -- life cycle ----------------------------------------------------------------
     @classmethod
     def up(cls, n_hosts: int, rate: str | None = "1gbit", *, owner_pid: int | None = None,
-           watchdog: bool = True) -> Cluster:
+           watchdog: bool = True, burst: str = DEFAULT_BURST) -> Cluster:
         """Build ``n_hosts`` hosts; tied to ``owner_pid`` (default: this process)."""
         require_root()
         if not 1 <= n_hosts <= MAX_HOSTS:
@@ -177,7 +183,7 @@ class Cluster:
         if start is None:
             raise ClusterError(f"owner pid {owner_pid} does not exist")
         cluster = cls(secrets.token_hex(3), [f"hvm{k}" for k in range(1, n_hosts + 1)],
-                      rate, owner=[owner_pid, start] if watchdog else None)
+                      rate, owner=[owner_pid, start] if watchdog else None, burst=burst)
         STATE_ROOT.mkdir(mode=0o700, parents=True, exist_ok=True)
         cluster.workdir.mkdir(mode=0o700)
         cluster.save()  # first, so that a failure below still tears down what was made
@@ -241,9 +247,9 @@ class Cluster:
             _sh("ip", "-n", ns, "link", "set", IFACE, "up")
             if self.rate:  # both directions: host -> switch on eth0, switch -> host on pK
                 _sh("tc", "-n", ns, "qdisc", "add", "dev", IFACE, "root", "tbf", "rate",
-                    self.rate, *TBF)
+                    self.rate, "burst", self.burst, *TBF_LATENCY)
                 _sh("tc", "-n", sw, "qdisc", "add", "dev", port, "root", "tbf", "rate",
-                    self.rate, *TBF)
+                    self.rate, "burst", self.burst, *TBF_LATENCY)
 
     def _write_ssh_files(self) -> None:
         wd = self.workdir
@@ -411,6 +417,9 @@ def main(argv: list[str] | None = None) -> int:
     p_up.add_argument("hosts", type=int)
     p_up.add_argument("--rate", default="1gbit",
                       help="tc rate per host and direction (100mbit, 1gbit) or none")
+    p_up.add_argument("--burst", default=DEFAULT_BURST,
+                      help="tbf bucket per link (default 1mb; 64kb charges small messages "
+                      "their wire time)")
     p_up.add_argument("--owner-pid", type=int,
                       help="tear down when this process exits (default: stay up until down)")
     p_down = sub.add_parser("down", help="tear down a cluster (default: all)")
@@ -433,7 +442,8 @@ def main(argv: list[str] | None = None) -> int:
             for cid in clusters():
                 c = Cluster.load(cid)
                 alive = [h for h in c.hosts if _alive(c.sshd_pids.get(h, -1))]
-                print(f"{cid}: {len(c.hosts)} hosts, rate {c.rate or 'unlimited'}, "
+                link = f"{c.rate} (tbf burst {c.burst})" if c.rate else "unlimited"
+                print(f"{cid}: {len(c.hosts)} hosts, rate {link}, "
                       f"sshd up on {len(alive)}/{len(c.hosts)}, owner "
                       f"{c.owner[0] if c.owner else 'none (until down)'}")
                 for h in c.hosts:
@@ -443,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "up":
             rate = None if args.rate == "none" else args.rate
             c = Cluster.up(args.hosts, rate, owner_pid=args.owner_pid,
-                           watchdog=args.owner_pid is not None)
+                           watchdog=args.owner_pid is not None, burst=args.burst)
             print(c.cid)
             return 0
         if args.cmd == "down":

@@ -3,7 +3,8 @@ rate limits.
 
 Real Horovod over real namespaces, veths, tbf and sshd: 2-rank allreduces through
 ``horovodrun -H`` and ``--hostfile`` on Gloo and MPI (their traffic crosses the emulated
-links), a TCP stream's rate against the configured one, teardown leaving nothing (also
+links), a TCP stream's rate against the configured one, what tbf's bucket lets through
+free, teardown leaving nothing (also
 after a SIGKILL of the owner, through the watchdog, and from a new process with
 ``down``), and a clear refusal without root.
 """
@@ -137,6 +138,43 @@ def test_link_rate_is_the_configured_rate(cluster, src, dst):
     rate = float(out.split()[1])
     # 6 MB past the burst at 40 Mbit/s: the limit holds and the link is not starved.
     assert 0.5 * RATE < rate < 1.25 * RATE, out
+
+
+def first_bytes_rate(c: Cluster, src: str, dst: str, total: int) -> float:
+    """bit/s of a ``total``-byte TCP message from ``src`` to ``dst`` after a quiet link,
+    measured at the receiver from its first byte (nothing skipped)."""
+    addr = c.address(dst)
+    receiver = c.popen(dst, [sys.executable, str(RATE_TOOL), "recv", addr, "5002", "0",
+                             str(total)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert receiver.stdout.readline().strip() == "LISTENING"
+        time.sleep(1.0)  # the buckets fill up again (40 Mbit/s refills 1 MB in 0.2 s)
+        c.run(src, [sys.executable, str(RATE_TOOL), "send", addr, "5002", str(total)], 120)
+        out, _ = receiver.communicate(timeout=120)
+    finally:
+        receiver.kill()
+    return float(out.split()[1])
+
+
+def test_a_small_bucket_charges_a_small_message_its_wire_time(cluster):
+    """tbf's bucket: with the default 1 MB a 512 KB message after a quiet moment passes far
+    faster than the link's rate (sparse methods' messages are that size: the benchmarks say
+    so); ``burst="64kb"`` holds it to the rate."""
+    free = first_bytes_rate(cluster, "hvm2", "hvm1", 512 << 10)
+    links = root_links()
+    with Cluster.up(2, rate="40mbit", burst="64kb") as small:
+        for ns, dev in [(small.netns("hvm1"), "eth0"), (small.switch, "p1")]:
+            qdisc = subprocess.run(["tc", "-n", ns, "qdisc", "show", "dev", dev],
+                                   capture_output=True, text=True, check=True).stdout
+            assert "rate 40Mbit burst 64Kb" in qdisc, qdisc
+        charged = first_bytes_rate(small, "hvm2", "hvm1", 512 << 10)
+        status = subprocess.run([sys.executable, str(CLUSTER_PY), "status"],
+                                capture_output=True, text=True, check=True).stdout
+        assert f"{small.cid}: 2 hosts, rate 40mbit (tbf burst 64kb), sshd up" in status
+    assert_gone(small, list(small.sshd_pids.values()))
+    assert root_links() == links
+    assert free > 3 * RATE, free
+    assert 0.5 * RATE < charged < 1.25 * RATE, charged
 
 
 def test_cli_up_status_exec_down_from_new_processes():

@@ -166,3 +166,15 @@ def test_a_time_reached_on_some_seeds_says_on_how_many():
     assert _fmt_spread(every) == "143 (122-164)"
     assert _fmt_spread({**every, "runs": 1, "reached": 1}) == "143"
     assert _fmt_spread(none) == "not reached"
+
+
+def test_a_cell_with_a_small_bucket_is_its_own_cell_and_needs_hosts(tmp_path):
+    """``--burst`` names the cell, so its runs never mix with the 1 MB bucket's, and a
+    ``--burst`` that no cell would use is refused before anything runs."""
+    from bench.time_to_accuracy import Cell, main
+    assert Cell(4, "100mbit").name == "n4-100mbit"
+    assert Cell(4, "100mbit", "64kb").name == "n4-100mbit-burst64kb"
+    with pytest.raises(SystemExit) as refused:
+        main(["--cells", "headline", "--burst", "64kb", "--out", str(tmp_path / "out")])
+    assert refused.value.code == 2
+    assert not (tmp_path / "out").exists()
