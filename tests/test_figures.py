@@ -759,6 +759,10 @@ def test_time_to_accuracy_with_every_message_charged():
              + "; ".join(f"on seed {s} MiCRO reached 80 % at {m:.1f} s and {name} at {t:.1f} s"
                          for s, m, name, t in times) + ".")
     assert said in prose("BENCHMARKS.md")
+    # How far one seed's own time moved between two runs: the noise the margins are set in.
+    assert (f"between runs MiCRO's own time to 80 % on seed 1 moved from "
+            f"{micro['seed_times']['1']['0.8']:.1f} to "
+            f"{finer['micro d=0.001']['seed_times']['1']['0.8']:.1f} s") in prose("BENCHMARKS.md")
     # 4 hosts at 1 Gbit/s with the same bucket: MiCRO and PowerSGD rank 4, the closest there.
     fast = DEFAULTS["time_to_accuracy_n4_1gbit_burst64kb"]
     assert fast["burst"] == "64kb" and fast["waiting"] == "asleep (the default on Gloo)"
