@@ -178,7 +178,7 @@ def train_argv(job: Job, args: argparse.Namespace, out: Path) -> list[str]:
 
 def run_jobs(plan: list[Job], args: argparse.Namespace) -> None:
     """Run every job of ``plan`` that has no summary yet, one cluster per cell."""
-    from hvm_testbed.cluster import Cluster
+    from hvm_testbed.cluster import DEFAULT_BURST, Cluster
     from hvm_testbed.launch import LaunchError, horovodrun
 
     by_cell: dict[Cell, list[Job]] = {}
@@ -188,8 +188,8 @@ def run_jobs(plan: list[Job], args: argparse.Namespace) -> None:
         todo = [j for j in jobs if not (run_dir(args.out, j) / "summary.json").exists()]
         if not todo:
             continue
-        burst = {"burst": cell.burst} if cell.burst else {}
-        with Cluster.up(cell.hosts, rate=cell.rate, **burst) as cluster:
+        with Cluster.up(cell.hosts, rate=cell.rate,
+                        burst=cell.burst or DEFAULT_BURST) as cluster:
             for job in todo:
                 out = run_dir(args.out, job)
                 cmd = [horovodrun(), "-np", str(cell.hosts), "-H", cluster.slots(), "--gloo",

@@ -117,57 +117,51 @@ def test_hosts_resolve_and_ssh_needs_no_user_files(cluster):
     assert home_ssh.exists() == existed
 
 
-@pytest.mark.parametrize("src,dst", [("hvm2", "hvm1"), ("hvm1", "hvm2")])
-def test_link_rate_is_the_configured_rate(cluster, src, dst):
-    for ns, dev in [(cluster.netns(dst), "eth0"),
-                    (cluster.switch, f"p{cluster.hosts.index(dst) + 1}")]:
-        qdisc = subprocess.run(["tc", "-n", ns, "qdisc", "show", "dev", dev],
-                               capture_output=True, text=True, check=True).stdout
-        assert "tbf" in qdisc and "rate 40Mbit" in qdisc, qdisc
-    addr = cluster.address(dst)
-    receiver = cluster.popen(dst, [sys.executable, str(RATE_TOOL), "recv", addr, "5001",
-                                   str(2 << 20), str(8 << 20)], stdout=subprocess.PIPE,
-                             text=True)
-    try:
-        assert receiver.stdout.readline().strip() == "LISTENING"
-        cluster.run(src, [sys.executable, str(RATE_TOOL), "send", addr, "5001",
-                          str(8 << 20)], 120)
-        out, _ = receiver.communicate(timeout=120)
-    finally:
-        receiver.kill()
-    rate = float(out.split()[1])
-    # 6 MB past the burst at 40 Mbit/s: the limit holds and the link is not starved.
-    assert 0.5 * RATE < rate < 1.25 * RATE, out
+def qdiscs(c: Cluster, host: str) -> list[str]:
+    """``tc qdisc show`` of both ends of ``host``'s link: its ``eth0`` and the switch's port."""
+    return [subprocess.run(["tc", "-n", ns, "qdisc", "show", "dev", dev], capture_output=True,
+                           text=True, check=True).stdout
+            for ns, dev in [(c.netns(host), "eth0"), (c.switch, f"p{c.hosts.index(host) + 1}")]]
 
 
-def first_bytes_rate(c: Cluster, src: str, dst: str, total: int) -> float:
-    """bit/s of a ``total``-byte TCP message from ``src`` to ``dst`` after a quiet link,
-    measured at the receiver from its first byte (nothing skipped)."""
+def stream_rate(c: Cluster, src: str, dst: str, total: int, skip: int = 0,
+                settle: float = 0.0) -> float:
+    """bit/s of a ``total``-byte TCP stream from ``src`` to ``dst``, measured at the
+    receiver past its first ``skip`` bytes (``bench/link_rate.py``'s two ends), the sender
+    starting ``settle`` seconds after the receiver listens."""
     addr = c.address(dst)
-    receiver = c.popen(dst, [sys.executable, str(RATE_TOOL), "recv", addr, "5002", "0",
+    receiver = c.popen(dst, [sys.executable, str(RATE_TOOL), "recv", addr, "5001", str(skip),
                              str(total)], stdout=subprocess.PIPE, text=True)
     try:
         assert receiver.stdout.readline().strip() == "LISTENING"
-        time.sleep(1.0)  # the buckets fill up again (40 Mbit/s refills 1 MB in 0.2 s)
-        c.run(src, [sys.executable, str(RATE_TOOL), "send", addr, "5002", str(total)], 120)
+        time.sleep(settle)
+        c.run(src, [sys.executable, str(RATE_TOOL), "send", addr, "5001", str(total)], 120)
         out, _ = receiver.communicate(timeout=120)
     finally:
         receiver.kill()
     return float(out.split()[1])
 
 
+@pytest.mark.parametrize("src,dst", [("hvm2", "hvm1"), ("hvm1", "hvm2")])
+def test_link_rate_is_the_configured_rate(cluster, src, dst):
+    for qdisc in qdiscs(cluster, dst):
+        assert "tbf" in qdisc and "rate 40Mbit" in qdisc, qdisc
+    rate = stream_rate(cluster, src, dst, 8 << 20, skip=2 << 20)
+    # 6 MB past the burst at 40 Mbit/s: the limit holds and the link is not starved.
+    assert 0.5 * RATE < rate < 1.25 * RATE, rate
+
+
 def test_a_small_bucket_charges_a_small_message_its_wire_time(cluster):
     """tbf's bucket: with the default 1 MB a 512 KB message after a quiet moment passes far
     faster than the link's rate (sparse methods' messages are that size: the benchmarks say
-    so); ``burst="64kb"`` holds it to the rate."""
-    free = first_bytes_rate(cluster, "hvm2", "hvm1", 512 << 10)
+    so); ``burst="64kb"`` holds it to the rate. The sender waits 1 s, in which 40 Mbit/s
+    refills a 1 MB bucket five times over."""
+    free = stream_rate(cluster, "hvm2", "hvm1", 512 << 10, settle=1.0)
     links = root_links()
     with Cluster.up(2, rate="40mbit", burst="64kb") as small:
-        for ns, dev in [(small.netns("hvm1"), "eth0"), (small.switch, "p1")]:
-            qdisc = subprocess.run(["tc", "-n", ns, "qdisc", "show", "dev", dev],
-                                   capture_output=True, text=True, check=True).stdout
+        for qdisc in qdiscs(small, "hvm1"):
             assert "rate 40Mbit burst 64Kb" in qdisc, qdisc
-        charged = first_bytes_rate(small, "hvm2", "hvm1", 512 << 10)
+        charged = stream_rate(small, "hvm2", "hvm1", 512 << 10, settle=1.0)
         status = subprocess.run([sys.executable, str(CLUSTER_PY), "status"],
                                 capture_output=True, text=True, check=True).stdout
         assert f"{small.cid}: 2 hosts, rate 40mbit (tbf burst 64kb), sshd up" in status

@@ -671,11 +671,15 @@ def check_asleep_cell(key: str, hosts: int, prefix: str, text: str
     return sooner, margins, behind
 
 
+#: a time-to-accuracy row's label as BENCHMARKS.md's prose names the method
+PROSE_NAME = {"powersgd rank=4": "PowerSGD rank 4", "powersgd rank=2": "PowerSGD rank 2",
+              "none": "dense", "topk d=0.001": "Top-k"}
+
+
 def margin_phrase(margins: list) -> str:
     """The smallest of ``check_asleep_cell``'s margins, as BENCHMARKS.md says it."""
     gap, prefix, seed, target, mine, theirs, other = min(margins)
-    name = {"powersgd rank=4": "PowerSGD rank 4", "powersgd rank=2": "PowerSGD rank 2",
-            "none": "dense", "topk d=0.001": "Top-k"}[other]
+    name = PROSE_NAME[other]
     return (f"smallest margin: {gap:.1f} s, to {100 * float(target):.0f} % on seed {seed} of "
             f"{prefix}: {mine:.1f} against {name}'s {theirs:.1f} s")
 
@@ -716,8 +720,8 @@ def test_time_to_accuracy_with_every_message_charged():
     def longer(label):
         return rows[label]["iteration_time_mean"] / free[label]["iteration_time_mean"]
 
-    def ms(row):
-        return f"{1e3 * row['phases']['communication']:.0f}"
+    def ms(method):
+        return f"{1e3 * method['phases']['communication']:.0f}"
     # Only the 25-iteration evaluations put anyone ahead of MiCRO, and by less than their
     # spacing: MiCRO's 25 iterations.
     spacing = 25 * micro["iteration_time_mean"]
@@ -725,7 +729,6 @@ def test_time_to_accuracy_with_every_message_charged():
     assert all(b[3] < spacing for b in behind)
     close = min(m for m in margins if m[3] == "0.8")
     assert close[0] < spacing
-    label = {"powersgd rank=4": "PowerSGD rank 4", "powersgd rank=2": "PowerSGD rank 2"}
     _, seed, _, gap = behind[0]
     mine = micro["seed_times"][seed]["0.8"]
     theirs = rows[behind[0][0]]["seed_times"][seed]["0.8"]
@@ -735,9 +738,9 @@ def test_time_to_accuracy_with_every_message_charged():
             f"PowerSGD rank 4's {longer('powersgd rank=4'):.2f}x and rank 2's "
             f"{longer('powersgd rank=2'):.2f}x. MiCRO reached 85 % first on both seeds, "
             f"{sooner[0]:.2f}x sooner than PowerSGD rank 4; to 80 % it was first on seed "
-            f"{close[2]} by {close[0]:.1f} s against {label[close[6]]} ({close[4]:.1f} against "
-            f"{close[5]:.1f} s), and on seed {seed} {label[behind[0][0]]} was {gap:.1f} s "
-            f"sooner ({theirs:.1f} against {mine:.1f} s), both less than the "
+            f"{close[2]} by {close[0]:.1f} s against {PROSE_NAME[close[6]]} ({close[4]:.1f} "
+            f"against {close[5]:.1f} s), and on seed {seed} {PROSE_NAME[behind[0][0]]} was "
+            f"{gap:.1f} s sooner ({theirs:.1f} against {mine:.1f} s), both less than the "
             f"{spacing:.1f} s of MiCRO's 25 iterations between evaluations.")
     # Those two seeds again, evaluated every 5 iterations, each against the method that came
     # closest to MiCRO on it.
@@ -753,7 +756,7 @@ def test_time_to_accuracy_with_every_message_charged():
     assert {s: other for other, r in finer.items() if other != "micro d=0.001"
             for s in map(str, r["seeds"])} == pairs
     assert not_first(finer) == []  # with evaluations 5 iterations apart, MiCRO first
-    times = [(s, finer["micro d=0.001"]["seed_times"][s]["0.8"], label[other],
+    times = [(s, finer["micro d=0.001"]["seed_times"][s]["0.8"], PROSE_NAME[other],
               finer[other]["seed_times"][s]["0.8"]) for s, other in sorted(pairs.items())]
     said += (f" Those two seeds again with an evaluation every 5 iterations (`{key}_eval5`): "
              + "; ".join(f"on seed {s} MiCRO reached 80 % at {m:.1f} s and {name} at {t:.1f} s"
