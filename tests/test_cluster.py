@@ -171,6 +171,28 @@ def test_a_small_bucket_charges_a_small_message_its_wire_time(cluster):
     assert 0.5 * RATE < charged < 1.25 * RATE, charged
 
 
+def test_link_rate_benchmark_measures_links_with_the_bucket_it_is_given():
+    """``bench.link_rate --burst``: its own cluster, built with that tbf bucket, measures each
+    scenario at the rate (one stream and both directions at once each near the rate, two
+    senders into one host sharing it: neither above the rate, the slower near half; they
+    start a moment apart, so the faster may have had the link alone for a while), says which
+    bucket it used, and leaves nothing."""
+    links = root_links()
+    out = subprocess.run([sys.executable, "-m", "bench.link_rate", "--rate", "40mbit",
+                          "--burst", "64kb", "--megabytes", "8"], cwd=REPO, capture_output=True,
+                         text=True, check=True, timeout=300).stdout
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["rate"] == "40mbit" and result["burst"] == "64kb"
+    rates = {name: [r * 1e6 for r in got] for name, got in result["mbit_per_s"].items()}
+    assert len(rates["one stream hvm2->hvm1"]) == 1 and len(rates["full duplex hvm1<->hvm2"]) == 2
+    for rate in rates["one stream hvm2->hvm1"] + rates["full duplex hvm1<->hvm2"]:
+        assert 0.5 * RATE < rate < 1.25 * RATE, rates
+    shared = rates["hvm2+hvm3 -> hvm1"]
+    assert len(shared) == 2 and max(shared) < 1.25 * RATE, rates
+    assert 0.2 * RATE < min(shared) < 0.65 * RATE, rates
+    assert root_links() == links
+
+
 def test_cli_up_status_exec_down_from_new_processes():
     cli = [sys.executable, str(CLUSTER_PY)]
     cid = subprocess.run([*cli, "up", "2", "--rate", "none"], capture_output=True, text=True,
