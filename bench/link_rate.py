@@ -93,18 +93,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from hvm_testbed.cluster import DEFAULT_BURST, Cluster
 
-    total = args.megabytes << 20
+    total, burst = args.megabytes << 20, args.burst or DEFAULT_BURST
     scenarios = {"one stream hvm2->hvm1": [("hvm2", "hvm1")],
                  "full duplex hvm1<->hvm2": [("hvm2", "hvm1"), ("hvm1", "hvm2")],
                  "hvm2+hvm3 -> hvm1": [("hvm2", "hvm1"), ("hvm3", "hvm1")]}
     results = {}
-    with Cluster.up(3, rate=args.rate, burst=args.burst or DEFAULT_BURST) as cluster:
+    with Cluster.up(3, rate=args.rate, burst=burst) as cluster:
         for name, pairs in scenarios.items():
             rates = streams(cluster, pairs, total)
             results[name] = [round(r / 1e6, 1) for r in rates]
             print(f"{name}: " + ", ".join(f"{r / 1e6:.0f} Mbit/s" for r in rates), flush=True)
-    print(json.dumps({"rate": args.rate, "burst": args.burst or DEFAULT_BURST,
-                      "mbit_per_s": results}))
+    print(json.dumps({"rate": args.rate, "burst": burst, "mbit_per_s": results}))
     return 0
 
 
