@@ -7,6 +7,7 @@ each."""
 import json
 import math
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -139,11 +140,14 @@ def test_the_published_defaults_run_is_what_the_shipped_code_trains(tmp_path):
             expected["threads"]) == (16, 1, 3.0, 0.01, 2)
     assert expected["compression_config"] == record["compression_config"]
     assert abs(expected["final_metric"] - record["final_metric"]) < 0.0033
+    # The recorded command, run as recorded: its variables as the environment, this
+    # interpreter, a fresh result file for ``J``.
     out = tmp_path / "run.json"
-    subprocess.run([sys.executable, "-m", "bench.scaling", "--methods", "micro",
-                    "--workers", "16", "--seeds", "1", "--epochs", "3", "--density", "0.01",
-                    "--threads", "2", "--json", str(out), "--quiet"],
-                   env={**os.environ, **pinned["env"]}, cwd=path.parents[2], check=True,
+    words = shlex.split(pinned["command"])
+    assignments = [w.split("=", 1) for w in words[:len(pinned["env"])]]
+    assert dict(assignments) == pinned["env"] and words[-2:] == ["--json", "J"]
+    argv = [sys.executable] + words[len(assignments) + 1:-1] + [str(out), "--quiet"]
+    subprocess.run(argv, env={**os.environ, **pinned["env"]}, cwd=path.parents[2], check=True,
                    stdout=subprocess.DEVNULL, timeout=900)
     run, = json.loads(out.read_text())["runs"]
     assert run["compression_config"] == record["compression_config"]
