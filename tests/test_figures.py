@@ -627,8 +627,9 @@ def check_asleep_cell(key: str, hosts: int, prefix: str, text: str | None,
     rows = dict(record["rows"])
     slow = "100mbit" in key
     assert ("--rate 100mbit" in command) == slow and "--rate 10gbit" not in command
-    if slow:  # dense's 51 MB allreduce at 100 Mbit/s: 30 iterations, seed 1
-        cut = rows.pop("none (30 iterations)")
+    cut = rows.pop("none (30 iterations)", None)
+    if cut is not None:  # dense's 51 MB allreduce at 100 Mbit/s: 30 iterations, seed 1
+        assert slow
         assert cut["seeds"] == [1] and cut["iterations"] == 30
         assert cut["compression_configs"] == [None] and cut["optimizer"]["fused_sgd"]
         evals = cut["evaluations"]
@@ -662,12 +663,12 @@ def check_asleep_cell(key: str, hosts: int, prefix: str, text: str | None,
             means = [m["time_to"][target]["mean"] for m in shown[1:] if m is not None]
             if all(t is None or t > micro["time_to"][target]["mean"] for t in means):
                 cells[0] = f"**{cells[0]}**"
-            if slow:
+            if cut is not None:
                 cells[2] = (f"neither by {evals[-1]['train_time']:.0f} s "
                             f"({100 * evals[-1]['test_accuracy']:.2f} % at iteration 30)"
                             if target == "0.8" else "")
             assert row(text, f"{prefix}: {name}") == cells, (key, target)
-        ms = [cut if m is None and slow and label == "none" else m
+        ms = [cut if m is None and label == "none" else m
               for m, label in zip(shown, ASLEEP_COLUMNS)]
         assert row(text, f"{prefix}: ms per iteration, mean") == [
             "" if m is None else f"{1e3 * m['iteration_time_mean']:,.0f}" for m in ms], key
@@ -1137,11 +1138,62 @@ def density_to_start_at_sentences() -> dict[str, str]:
     }
 
 
+def slow_link_density_sentences() -> dict[str, str]:
+    """What the docs say of the two densities on 4 hosts at 100 Mbit/s with the 64 KB bucket,
+    on the VM with less cache, from its record checked as ``check_asleep_cell`` checks a cell:
+    there neither density was first to both targets on every seed."""
+    key = "time_to_accuracy_n4_100mbit_second_vm_burst64kb"
+    assert "260 MB of L3" in DEFAULTS[key]["machine"]
+    three = {"micro d=0.001": [1, 2], "micro d=0.01": [1, 2], "powersgd rank=4": [1, 2]}
+    rows, _, _, low_behind = check_asleep_cell(key, 4, None, None, three)
+    assert all(r["optimizer"]["epochs"] == 1 for r in rows.values())
+    high_behind = not_first(rows, "micro d=0.01")
+    assert [b[:3] for b in high_behind] == [("powersgd rank=4", "1", "0.8")]
+    assert [b[:3] for b in low_behind] == [("powersgd rank=4", "2", "0.85")]
+    assert low_behind[0][3] == math.inf  # not reached within the epoch
+    low, high, psgd = (rows[m] for m in ("micro d=0.001", "micro d=0.01", "powersgd rank=4"))
+
+    def ms(row):
+        return 1e3 * row["iteration_time_mean"]
+    gap = high_behind[0][3]
+    assert gap < 25 * ms(high) / 1e3  # within one spacing of evaluations
+    lead = psgd["seed_times"]["1"]["0.8"] - low["seed_times"]["1"]["0.8"]
+    assert 0 < lead
+    end = dict((str(seed), acc) for seed, _, acc in low["finals"])["2"]
+    to85 = {m: r["time_to"]["0.85"] for m, r in (("high", high), ("psgd", psgd))}
+    slower = ms(high) / ms(low)
+    return {
+        "BENCHMARKS.md": (
+            f"At d = 0.01 MiCRO's iteration was {ms(high):.0f} ms against {ms(low):.0f} at "
+            f"d = 0.001 ({slower:.2f}x) and PowerSGD rank 4's {ms(psgd):.0f}; it reached 85 % "
+            f"first on both seeds, {to85['psgd']['mean'] / to85['high']['mean']:.2f}x sooner than "
+            f"PowerSGD rank 4 ({to85['high']['mean']:.0f} against {to85['psgd']['mean']:.0f} s), "
+            f"and 80 % first on seed 2, {gap:.1f} s behind PowerSGD rank 4 on seed 1 "
+            f"({high['seed_times']['1']['0.8']:.1f} against {psgd['seed_times']['1']['0.8']:.1f}"
+            f" s, less than its 25 iterations between evaluations). At d = 0.001 MiCRO reached "
+            f"80 % first on both seeds (by {lead:.1f} s on seed 1) and 85 % first on seed 1; on "
+            f"seed 2 it ended the epoch at {100 * end:.2f} %, and PowerSGD rank 4 reached 85 % at "
+            f"{psgd['seed_times']['2']['0.85']:.1f} s."),
+        "choosing.md": (
+            f"On 4 emulated hosts at 100 Mbit/s, d = 0.01's iteration was {slower:.2f}x "
+            f"d = 0.001's; it still reached 85 % first on both seeds, but to 80 % it was "
+            f"{gap:.1f} s behind PowerSGD rank 4 on one seed."),
+        "benchmarks.md": (
+            f"At 100 Mbit/s there (4 hosts, 64 KB bucket) neither density was first everywhere: "
+            f"d = 0.01 reached 85 % first on both seeds "
+            f"({to85['psgd']['mean'] / to85['high']['mean']:.2f}x sooner than PowerSGD rank 4) "
+            f"and was {gap:.1f} s behind it to 80 % on one; d = 0.001 was first to 80 % on both "
+            f"and missed 85 % within the epoch on one."),
+    }
+
+
 def test_the_density_to_start_at_on_a_second_machine():
-    """MiCRO at d = 0.01 on the VM with less cache, as ``density_to_start_at_sentences`` checks
-    the records, and what BENCHMARKS.md, the README and the docs say of it."""
+    """MiCRO at d = 0.01 on the VM with less cache, as ``density_to_start_at_sentences`` and
+    ``slow_link_density_sentences`` check the records, and what BENCHMARKS.md, the README and
+    the docs say of it."""
     said = density_to_start_at_sentences()
-    for page, sentence in said.items():
+    slow = slow_link_density_sentences()
+    for page, sentence in [*said.items(), *slow.items()]:
         text = prose(*(("docs", page) if page in ("choosing.md", "benchmarks.md") else (page,)))
         for part in sentence.split(" ... "):
             assert part in text, (page, part)
