@@ -893,15 +893,8 @@ def test_time_to_accuracy_at_1gbit_with_every_message_charged():
             "side by side).")
     assert lead > 0 and said in prose("BENCHMARKS.md")
     # That seed again, evaluated every 5 iterations over 1 epoch: PowerSGD rank 4 first.
-    fine = DEFAULTS["time_to_accuracy_n8_1gbit_burst64kb_eval5"]
-    assert fine["burst"] == "64kb" and fine["waiting"] == "asleep (the default on Gloo)"
-    for flag in ("--eval-every 5", "--burst 64kb", "--hosts 8", "--rate 1gbit", "--epochs 1"):
-        assert flag in fine["command"], flag
-    finer = fine["rows"]
-    assert set(finer) == {"micro d=0.001", label}
-    for name, r in finer.items():
-        assert r["seeds"] == [int(seed)] and r["world_size"] == 8 and r["optimizer"]["fused_sgd"]
-        assert r["compression_configs"] == [CONFIG_OF[name]()] and r["optimizer"]["epochs"] == 1
+    finer = one_seed_evaluated_finer("time_to_accuracy_n8_1gbit_burst64kb_eval5", 8, "1gbit",
+                                     {"micro d=0.001", label}, seed)
     mine, theirs = (finer[m]["seed_times"][seed] for m in ("micro d=0.001", label))
     # PowerSGD first to 80 %; 85 % touched by PowerSGD alone within the epoch.
     assert theirs["0.8"] < mine["0.8"] and mine["0.85"] is None and theirs["0.85"] is not None
@@ -1047,20 +1040,45 @@ def test_eight_hosts_at_1gbit_on_a_second_machine():
 SECOND_VM = {"time_to_accuracy_n8_1gbit_second_vm": 8, "time_to_accuracy_n4_1gbit_second_vm": 4}
 
 
+def both_densities_on_the_second_vm(key: str, hosts: int) -> tuple[dict, list]:
+    """A cell of the VM with less cache that ran MiCRO at d = 0.001 and d = 0.01 beside
+    PowerSGD rank 4, on seeds 1 and 2, as ``check_asleep_cell`` checks it, every row over
+    the same epochs (2 on 8 hosts, 1 on 4): its rows and where d = 0.001 was not first."""
+    assert "260 MB of L3" in DEFAULTS[key]["machine"]
+    three = {"micro d=0.001": [1, 2], "micro d=0.01": [1, 2], "powersgd rank=4": [1, 2]}
+    rows, _, _, behind = check_asleep_cell(key, hosts, None, None, three)
+    assert all(r["optimizer"]["epochs"] == hosts // 4 for r in rows.values()), key
+    return rows, sorted(behind)
+
+
+def one_seed_evaluated_finer(key: str, hosts: int, rate: str, labels: set, seed: str) -> dict:
+    """The rows of a record that ran ``labels`` again on one seed over 1 epoch with an
+    evaluation every 5 iterations, on ``hosts`` at ``rate`` with the 64 KB bucket, each with
+    its shipped configuration."""
+    fine = DEFAULTS[key]
+    assert fine["burst"] == "64kb" and fine["waiting"] == "asleep (the default on Gloo)"
+    for flag in ("--eval-every 5", "--burst 64kb", f"--hosts {hosts}", f"--rate {rate}",
+                 "--epochs 1"):
+        assert flag in fine["command"], flag
+    finer = fine["rows"]
+    assert set(finer) == labels
+    for name, r in finer.items():
+        assert r["seeds"] == [int(seed)] and r["world_size"] == hosts
+        assert r["optimizer"]["fused_sgd"] and r["optimizer"]["epochs"] == 1
+        assert r["compression_configs"] == [CONFIG_OF[name]()]
+    return finer
+
+
 def density_to_start_at_sentences() -> dict[str, str]:
     """What the docs say of MiCRO at d = 0.01 on the VM with less cache (4 and 8 hosts at
     1 Gbit/s), by page, from ``SECOND_VM``'s records checked as ``check_asleep_cell`` checks a
     cell: at d = 0.001 PowerSGD rank 4 was first to 80 % on both seeds of 8 hosts and on one of
     4, and to 85 % on the other seed of 4, which MiCRO did not reach within its epoch; at
     d = 0.01, with ten times the bytes, MiCRO was first to both targets on every seed of both."""
-    three = {"micro d=0.001": [1, 2], "micro d=0.01": [1, 2], "powersgd rank=4": [1, 2]}
     cells = {}
     for key, hosts in SECOND_VM.items():
-        assert "260 MB of L3" in DEFAULTS[key]["machine"]
-        rows, _, _, behind = check_asleep_cell(key, hosts, None, None, three)
-        assert all(r["optimizer"]["epochs"] == hosts // 4 for r in rows.values()), key
-        assert not_first(rows, "micro d=0.01") == [], key  # first everywhere at d = 0.01
-        cells[hosts] = rows, sorted(behind)
+        cells[hosts] = both_densities_on_the_second_vm(key, hosts)
+        assert not_first(cells[hosts][0], "micro d=0.01") == [], key  # first at d = 0.01
     (eight, late8), (four, late4) = cells[8], cells[4]
     assert [b[:3] for b in late8] == [("powersgd rank=4", s, "0.8") for s in "12"]
     assert [b[:3] for b in late4] == [("powersgd rank=4", "1", "0.8"),
@@ -1143,10 +1161,7 @@ def slow_link_density_sentences() -> dict[str, str]:
     on the VM with less cache, from its record checked as ``check_asleep_cell`` checks a cell:
     there neither density was first to both targets on every seed."""
     key = "time_to_accuracy_n4_100mbit_second_vm_burst64kb"
-    assert "260 MB of L3" in DEFAULTS[key]["machine"]
-    three = {"micro d=0.001": [1, 2], "micro d=0.01": [1, 2], "powersgd rank=4": [1, 2]}
-    rows, _, _, low_behind = check_asleep_cell(key, 4, None, None, three)
-    assert all(r["optimizer"]["epochs"] == 1 for r in rows.values())
+    rows, low_behind = both_densities_on_the_second_vm(key, 4)
     high_behind = not_first(rows, "micro d=0.01")
     assert [b[:3] for b in high_behind] == [("powersgd rank=4", "1", "0.8")]
     assert [b[:3] for b in low_behind] == [("powersgd rank=4", "2", "0.85")]
@@ -1163,16 +1178,11 @@ def slow_link_density_sentences() -> dict[str, str]:
     to85 = {m: r["time_to"]["0.85"] for m, r in (("high", high), ("psgd", psgd))}
     slower = ms(high) / ms(low)
     # Seed 1 again at d = 0.01, evaluated every 5 iterations: PowerSGD rank 4 first to 80 %.
-    fine = DEFAULTS[f"{key}_eval5"]
-    assert fine["burst"] == "64kb" and fine["machine"] == DEFAULTS[key]["machine"]
-    for flag in ("--eval-every 5", "--hosts 4", "--rate 100mbit", "--epochs 1", "--seeds 1 ",
-                 "--densities 0.01"):
-        assert flag in fine["command"], flag
-    finer = fine["rows"]
-    assert set(finer) == {"micro d=0.01", "powersgd rank=4"}
-    for name, r in finer.items():
-        assert r["seeds"] == [1] and r["world_size"] == 4 and r["optimizer"]["fused_sgd"]
-        assert r["compression_configs"] == [CONFIG_OF[name]()] and r["optimizer"]["epochs"] == 1
+    assert DEFAULTS[f"{key}_eval5"]["machine"] == DEFAULTS[key]["machine"]
+    assert "--seeds 1 " in DEFAULTS[f"{key}_eval5"]["command"]
+    assert "--densities 0.01" in DEFAULTS[f"{key}_eval5"]["command"]
+    finer = one_seed_evaluated_finer(f"{key}_eval5", 4, "100mbit",
+                                     {"micro d=0.01", "powersgd rank=4"}, "1")
     mine, theirs = (finer[m]["seed_times"]["1"] for m in ("micro d=0.01", "powersgd rank=4"))
     assert theirs["0.8"] < mine["0.8"] and mine["0.85"] < theirs["0.85"]
     return {
